@@ -1,0 +1,83 @@
+//! The cache's keys and value encoding (SPEC §6); the host layer stores them in shared data.
+//!
+//! Direct-mapped: a key's slot is `hash % entries`, so at most `entries` keys ever exist,
+//! however many distinct prompts arrive. A slot stores the full 128-bit hash, so a
+//! collision reads as a miss, never as a wrong count.
+
+use super::tokenize::Reply;
+
+const PREFIX: &str = "incontext.v1.";
+
+/// The shared-data key of the slot for `hash`.
+pub fn slot_key(hash: u128, entries: u32) -> String {
+    format!("{PREFIX}count.{}", hash % u128::from(entries.max(1)))
+}
+
+/// The shared-data key of a learned context length for `model`.
+pub fn model_key(model: &str) -> String {
+    format!(
+        "{PREFIX}max_model_len.{:016x}",
+        xxhash_rust::xxh3::xxh3_64(model.as_bytes())
+    )
+}
+
+pub fn encode(hash: u128, reply: Reply) -> [u8; 32] {
+    let mut out = [0u8; 32];
+    out[..16].copy_from_slice(&hash.to_le_bytes());
+    out[16..24].copy_from_slice(&reply.count.to_le_bytes());
+    out[24..].copy_from_slice(&reply.max_model_len.to_le_bytes());
+    out
+}
+
+/// The stored reply, if the slot holds this very hash.
+pub fn decode(hash: u128, value: &[u8]) -> Option<Reply> {
+    let bytes: &[u8; 32] = value.try_into().ok()?;
+    let (stored, rest) = bytes.split_at(16);
+    let (count, mml) = rest.split_at(8);
+    if u128::from_le_bytes(stored.try_into().ok()?) != hash {
+        return None;
+    }
+    Some(Reply {
+        count: u64::from_le_bytes(count.try_into().ok()?),
+        max_model_len: u64::from_le_bytes(mml.try_into().ok()?),
+    })
+}
+
+pub fn encode_context(c: u64) -> [u8; 8] {
+    c.to_le_bytes()
+}
+
+pub fn decode_context(value: &[u8]) -> Option<u64> {
+    Some(u64::from_le_bytes(value.try_into().ok()?)).filter(|c| *c > 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip_and_collision() {
+        let r = Reply {
+            count: 1234,
+            max_model_len: 32768,
+        };
+        let v = encode(42, r);
+        assert_eq!(decode(42, &v), Some(r));
+        assert_eq!(decode(43, &v), None);
+        assert_eq!(decode(42, &v[..31]), None);
+        assert_eq!(decode_context(&encode_context(512)), Some(512));
+        assert_eq!(decode_context(&encode_context(0)), None);
+        assert_eq!(decode_context(b"abc"), None);
+    }
+
+    #[test]
+    fn slots_are_bounded() {
+        let mut keys: Vec<String> = (0u128..10_000)
+            .map(|h| slot_key(h.wrapping_mul(0x9E3779B97F4A7C15), 16))
+            .collect();
+        keys.sort();
+        keys.dedup();
+        assert_eq!(keys.len(), 16);
+        assert_ne!(model_key("a"), model_key("b"));
+    }
+}

@@ -1,0 +1,13 @@
+//! The pure core: no host calls, everything testable natively.
+
+pub mod cache;
+pub mod caps;
+pub mod config;
+pub mod estimate;
+pub mod plan;
+pub mod reason;
+pub mod request;
+pub mod rewrite;
+pub mod rule;
+pub mod scan;
+pub mod tokenize;

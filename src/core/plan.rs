@@ -1,0 +1,246 @@
+//! From a count to a decision: resolves the window, applies the rule, and produces the
+//! rewritten body, the unchanged verdict, or the rejection (SPEC §2, §5, §7).
+
+use super::config::{Config, OnInsufficient};
+use super::reason::Reason;
+use super::request::Request;
+use super::rewrite::splice;
+use super::rule::{decide as rule, Inputs, Verdict};
+
+/// Where P came from (the `x-incontext-source` header).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    Exact,
+    Cache,
+    Estimate,
+}
+
+impl Source {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Source::Exact => "exact",
+            Source::Cache => "cache",
+            Source::Estimate => "estimate",
+        }
+    }
+}
+
+/// A prompt count and what came with it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Count {
+    pub tokens: u64,
+    pub source: Source,
+    /// The tokenizer's `max_model_len`, when this count came from it.
+    pub max_model_len: Option<u64>,
+}
+
+/// What to do with the request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    Rewrite {
+        body: Vec<u8>,
+        value: u64,
+    },
+    Unchanged(Reason),
+    /// Answer 400 with this body.
+    Reject {
+        body: Vec<u8>,
+    },
+}
+
+/// The outcome plus the prompt count that led to it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decision {
+    pub outcome: Outcome,
+    pub prompt: u64,
+    pub source: Source,
+}
+
+/// Resolves (W, C): configured, or from a learned context length. C falls back to W when
+/// unknown (W ≤ C, so the truncation limit is then only stricter).
+pub fn window(config: &Config, learned: Option<u64>) -> Result<(u64, u64), Reason> {
+    if let Some(c) = config.context_length {
+        return Ok((config.window().unwrap_or(c), c));
+    }
+    if let Some(c) = learned {
+        let w = config.window_with(c);
+        return match config.check_against(w) {
+            Ok(()) => Ok((w, c)),
+            Err(_) => Err(Reason::WindowConfig),
+        };
+    }
+    match config.window_tokens {
+        Some(w) => Ok((w, w)),
+        None => Err(Reason::NoWindow),
+    }
+}
+
+/// Decides a request given its count. `learned` is a context length learned earlier (used
+/// when the count did not bring one and `context_length` is not configured).
+pub fn decide(
+    req: &Request,
+    body: &[u8],
+    config: &Config,
+    count: Count,
+    learned: Option<u64>,
+) -> Decision {
+    let exact = count.source != Source::Estimate;
+    let mut prompt = count.tokens;
+    if !exact {
+        prompt = prompt.max(1);
+    }
+    let unchanged = |reason, prompt| Decision {
+        outcome: Outcome::Unchanged(reason),
+        prompt,
+        source: count.source,
+    };
+    let (w, c) = match window(config, count.max_model_len.or(learned)) {
+        Ok(wc) => wc,
+        Err(reason) => return unchanged(reason, prompt),
+    };
+    if exact {
+        if let Some(t) = req.truncate {
+            if t < prompt && req.text_only(body) {
+                prompt = t;
+            }
+        }
+    }
+    let inputs = Inputs {
+        window: w,
+        context: c,
+        reserve: config.min_output_tokens,
+        margin: config.fallback_margin_tokens,
+        prompt,
+        exact,
+        cap: req.cap.map(|c| c.value),
+        truncate: req.truncate,
+    };
+    let outcome = match rule(&inputs) {
+        Verdict::Rewrite(value) => {
+            let (target, field) = req.target();
+            Outcome::Rewrite {
+                body: splice(body, &req.members, &req.cap_members, target, field, value),
+                value,
+            }
+        }
+        Verdict::Insufficient { value, required } => {
+            if exact && config.on_insufficient == OnInsufficient::Reject {
+                Outcome::Reject {
+                    body: reject_body(w, prompt, value, required),
+                }
+            } else {
+                Outcome::Unchanged(Reason::Insufficient)
+            }
+        }
+    };
+    Decision {
+        outcome,
+        prompt,
+        source: count.source,
+    }
+}
+
+/// An OpenAI-style error that agents recognise as "compress and retry".
+pub fn reject_body(window: u64, prompt: u64, value: i128, required: u64) -> Vec<u8> {
+    let left = value.max(0);
+    let message = format!(
+        "This model's maximum context length is {window} tokens. Your messages use {prompt} tokens, \
+         leaving {left} for the completion, fewer than the {required} required. \
+         Please reduce the length of the messages."
+    );
+    let error = serde_json::json!({
+        "error": {
+            "message": message,
+            "type": "invalid_request_error",
+            "param": "messages",
+            "code": "context_length_exceeded"
+        }
+    });
+    error.to_string().into_bytes()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::request::analyze;
+    use serde_json::Value;
+
+    fn cfg(extra: &str) -> Config {
+        Config::parse(format!(r#"{{"tokenizer":{{"cluster":"v"}}{extra}}}"#).as_bytes()).unwrap()
+    }
+
+    fn run(config: &Config, body: &str, tokens: u64, source: Source, mml: Option<u64>) -> Decision {
+        let req = analyze(body.as_bytes(), config).unwrap();
+        decide(
+            &req,
+            body.as_bytes(),
+            config,
+            Count {
+                tokens,
+                source,
+                max_model_len: mml,
+            },
+            None,
+        )
+    }
+
+    fn rewritten(d: &Decision) -> (Value, u64) {
+        match &d.outcome {
+            Outcome::Rewrite { body, value } => (serde_json::from_slice(body).unwrap(), *value),
+            other => panic!("not rewritten: {other:?}"),
+        }
+    }
+
+    const CHAT: &str =
+        r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":65536}"#;
+
+    #[test]
+    fn exact_rewrite_and_boundary() {
+        let c = cfg(r#","context_length":32768"#);
+        let (v, value) = rewritten(&run(&c, CHAT, 32768 - 4096, Source::Exact, Some(32768)));
+        assert_eq!(value, 4096);
+        assert_eq!(v["max_tokens"], 4096);
+        let d = run(&c, CHAT, 32768 - 4095, Source::Exact, Some(32768));
+        assert_eq!(d.outcome, Outcome::Unchanged(Reason::Insufficient));
+        assert_eq!(d.prompt, 32768 - 4095);
+    }
+
+    #[test]
+    fn estimate_uses_margin_and_never_rejects() {
+        let c = cfg(r#","context_length":32768,"on_insufficient":"reject""#);
+        let (_, value) = rewritten(&run(&c, CHAT, 0, Source::Estimate, None));
+        assert_eq!(value, 32768 - 1 - 1024);
+        let d = run(&c, CHAT, 30000, Source::Estimate, None);
+        assert_eq!(d.outcome, Outcome::Unchanged(Reason::Insufficient));
+        let d = run(&c, CHAT, 30000, Source::Exact, Some(32768));
+        match d.outcome {
+            Outcome::Reject { body } => {
+                let v: Value = serde_json::from_slice(&body).unwrap();
+                assert_eq!(v["error"]["code"], "context_length_exceeded");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn learned_window() {
+        let c = cfg(r#","min_output_tokens":100,"fallback_margin_tokens":10"#);
+        let (_, value) = rewritten(&run(&c, CHAT, 400, Source::Exact, Some(512)));
+        assert_eq!(value, 112);
+        // estimate without any learned window: unchanged
+        let d = run(&c, CHAT, 400, Source::Estimate, None);
+        assert_eq!(d.outcome, Outcome::Unchanged(Reason::NoWindow));
+        // learned window too small for F + R
+        let d = run(&c, CHAT, 1, Source::Exact, Some(110));
+        assert_eq!(d.outcome, Outcome::Unchanged(Reason::WindowConfig));
+    }
+
+    #[test]
+    fn truncate_lowers_count_and_limits_value() {
+        let c = cfg(r#","context_length":1000,"min_output_tokens":10,"fallback_margin_tokens":10"#);
+        let body = r#"{"messages":[{"role":"user","content":"x"}],"truncate_prompt_tokens":900}"#;
+        let d = run(&c, body, 5000, Source::Exact, Some(1000));
+        assert_eq!(d.prompt, 900);
+        assert_eq!(rewritten(&d).1, 100);
+    }
+}

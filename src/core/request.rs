@@ -1,0 +1,467 @@
+//! Which requests are budgeted and how (SPEC §4): request shape, caller caps, model filter,
+//! and how the prompt is counted. Works on the scanned top-level members; values stay raw.
+
+use super::caps::{parse_cap, CapField};
+use super::config::Config;
+use super::estimate::estimate;
+use super::reason::Reason;
+use super::scan::{scan, Member, ScanError};
+use serde_json::value::RawValue;
+
+/// Chat (`messages`) or completion (`prompt`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Form {
+    Chat,
+    Completion,
+}
+
+/// How the prompt will be counted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Counting {
+    /// Ask the tokenizer (`/tokenize`).
+    Tokenize,
+    /// Known exactly without a call (a prompt of token ids).
+    Exact(u64),
+    /// The tokenizer cannot mirror this prompt: use the rough estimate.
+    Estimate,
+}
+
+/// Indices (into `members`) of the last occurrence of each field the filter reads.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Fields {
+    pub model: Option<usize>,
+    pub messages: Option<usize>,
+    pub prompt: Option<usize>,
+    pub tools: Option<usize>,
+    pub tool_choice: Option<usize>,
+    pub response_format: Option<usize>,
+    pub truncate_prompt_tokens: Option<usize>,
+    pub add_generation_prompt: Option<usize>,
+    pub continue_final_message: Option<usize>,
+    pub add_special_tokens: Option<usize>,
+    pub chat_template: Option<usize>,
+    pub chat_template_kwargs: Option<usize>,
+    pub media_io_kwargs: Option<usize>,
+    pub mm_processor_kwargs: Option<usize>,
+    pub documents: Option<usize>,
+    pub reasoning_effort: Option<usize>,
+}
+
+/// The caller cap B and where it came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cap {
+    pub field: CapField,
+    pub value: u64,
+    /// The member holding it (the last occurrence of that field).
+    pub member: usize,
+}
+
+/// A request the filter budgets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Request {
+    pub form: Form,
+    pub members: Vec<Member>,
+    pub fields: Fields,
+    /// Every top-level cap member (valid or not, duplicates included): removed on rewrite.
+    pub cap_members: Vec<usize>,
+    pub cap: Option<Cap>,
+    /// T, when ≥ 0.
+    pub truncate: Option<u64>,
+    pub counting: Counting,
+}
+
+fn raw<'a>(body: &'a [u8], members: &[Member], idx: Option<usize>) -> Option<&'a str> {
+    let m = members.get(idx?)?;
+    std::str::from_utf8(body.get(m.value.clone())?).ok()
+}
+
+fn is_null(v: Option<&str>) -> bool {
+    v.is_none_or(|v| v == "null")
+}
+
+/// Scans and classifies a request body. `Err` is the reason to leave it unchanged.
+pub fn analyze(body: &[u8], config: &Config) -> Result<Request, Reason> {
+    let members = scan(body).map_err(|e| match e {
+        ScanError::NotJson => Reason::NotJson,
+        ScanError::NotObject => Reason::NotObject,
+    })?;
+    let mut f = Fields::default();
+    let mut cap_members = Vec::new();
+    let mut last_cap: [Option<usize>; 3] = [None; 3];
+    for (i, m) in members.iter().enumerate() {
+        let slot = match m.key.as_str() {
+            "model" => &mut f.model,
+            "messages" => &mut f.messages,
+            "prompt" => &mut f.prompt,
+            "tools" => &mut f.tools,
+            "tool_choice" => &mut f.tool_choice,
+            "response_format" => &mut f.response_format,
+            "truncate_prompt_tokens" => &mut f.truncate_prompt_tokens,
+            "add_generation_prompt" => &mut f.add_generation_prompt,
+            "continue_final_message" => &mut f.continue_final_message,
+            "add_special_tokens" => &mut f.add_special_tokens,
+            "chat_template" => &mut f.chat_template,
+            "chat_template_kwargs" => &mut f.chat_template_kwargs,
+            "media_io_kwargs" => &mut f.media_io_kwargs,
+            "mm_processor_kwargs" => &mut f.mm_processor_kwargs,
+            "documents" => &mut f.documents,
+            "reasoning_effort" => &mut f.reasoning_effort,
+            key => {
+                if let Some(field) = CapField::from_key(key) {
+                    cap_members.push(i);
+                    last_cap[field as usize] = Some(i);
+                }
+                continue;
+            }
+        };
+        *slot = Some(i);
+    }
+
+    let messages = raw(body, &members, f.messages);
+    let form = match (messages, f.prompt) {
+        (Some(m), _) if m.starts_with('[') => Form::Chat,
+        (None, Some(_)) => Form::Completion,
+        _ => return Err(Reason::Shape),
+    };
+
+    if config.models.is_some() {
+        let model =
+            raw(body, &members, f.model).and_then(|m| serde_json::from_str::<String>(m).ok());
+        if !config.accepts_model(model.as_deref()) {
+            return Err(Reason::Model);
+        }
+    }
+
+    // B: the smallest valid value among the fields (each field's last occurrence, as a JSON
+    // parser that keeps the last duplicate sees it); ties go to the earlier field name.
+    let mut cap: Option<Cap> = None;
+    for field in [
+        CapField::MaxTokens,
+        CapField::MaxCompletionTokens,
+        CapField::MaxOutputTokens,
+    ] {
+        let Some(member) = last_cap[field as usize] else {
+            continue;
+        };
+        let Some(value) = raw(body, &members, Some(member)).and_then(parse_cap) else {
+            continue;
+        };
+        if cap.is_none_or(|c| value < c.value) {
+            cap = Some(Cap {
+                field,
+                value,
+                member,
+            });
+        }
+    }
+    if form == Form::Completion && cap.is_none() {
+        return Err(Reason::NoCap);
+    }
+
+    let truncate =
+        raw(body, &members, f.truncate_prompt_tokens).and_then(|t| t.trim().parse::<u64>().ok());
+
+    let counting = match form {
+        Form::Chat => chat_counting(body, &members, &f),
+        Form::Completion => completion_counting(body, &members, &f)?,
+    };
+
+    Ok(Request {
+        form,
+        members,
+        fields: f,
+        cap_members,
+        cap,
+        truncate,
+        counting,
+    })
+}
+
+fn chat_counting(body: &[u8], members: &[Member], f: &Fields) -> Counting {
+    if !is_null(raw(body, members, f.response_format)) {
+        return Counting::Estimate;
+    }
+    let tools = raw(body, members, f.tools).unwrap_or("null");
+    let has_tools = tools.starts_with('[') && !tools[1..].trim_start().starts_with(']');
+    if has_tools {
+        let choice = raw(body, members, f.tool_choice);
+        let auto = is_null(choice)
+            || choice.is_some_and(|c| serde_json::from_str::<&str>(c).ok() == Some("auto"));
+        if !auto {
+            return Counting::Estimate;
+        }
+    }
+    Counting::Tokenize
+}
+
+fn completion_counting(body: &[u8], members: &[Member], f: &Fields) -> Result<Counting, Reason> {
+    let prompt = raw(body, members, f.prompt).ok_or(Reason::Shape)?;
+    if prompt.starts_with('"') {
+        return Ok(Counting::Tokenize);
+    }
+    let items: Vec<&RawValue> = serde_json::from_str(prompt).map_err(|_| Reason::Shape)?;
+    let ids = |v: &RawValue| {
+        serde_json::from_str::<Vec<u64>>(v.get())
+            .ok()
+            .map(|ids| ids.len() as u64)
+    };
+    match items.first().map(|i| i.get().as_bytes()[0]) {
+        // A single list of token ids.
+        Some(b'0'..=b'9') => serde_json::from_str::<Vec<u64>>(prompt)
+            .map(|v| Counting::Exact(v.len() as u64))
+            .map_err(|_| Reason::Shape),
+        // A batch of token-id lists: the longest one binds.
+        Some(b'[') => items
+            .iter()
+            .map(|i| ids(i).filter(|n| *n > 0))
+            .collect::<Option<Vec<u64>>>()
+            .and_then(|v| v.into_iter().max())
+            .map(Counting::Exact)
+            .ok_or(Reason::Shape),
+        // One string in a list is the plain string prompt; a batch is estimated.
+        Some(b'"') if items.iter().all(|i| i.get().starts_with('"')) => Ok(if items.len() == 1 {
+            Counting::Tokenize
+        } else {
+            Counting::Estimate
+        }),
+        _ => Err(Reason::Shape),
+    }
+}
+
+impl Request {
+    /// The raw text of a field of this request.
+    pub fn raw<'a>(&self, body: &'a [u8], idx: Option<usize>) -> Option<&'a str> {
+        raw(body, &self.members, idx)
+    }
+
+    /// The rough estimate for this request (SPEC §7), at least 1.
+    pub fn estimate(&self, body: &[u8]) -> Option<u64> {
+        let n = match self.form {
+            Form::Chat => {
+                let messages = self.raw(body, self.fields.messages)?;
+                match self.raw(body, self.fields.tools) {
+                    Some(t) if t.starts_with('[') => estimate(&[messages, t]),
+                    _ => estimate(&[messages]),
+                }
+            }
+            Form::Completion => {
+                let prompt = self.raw(body, self.fields.prompt)?;
+                if prompt.starts_with('[') {
+                    // A batch: the longest prompt binds.
+                    let items: Vec<&RawValue> = serde_json::from_str(prompt).ok()?;
+                    items.iter().map(|i| estimate(&[i.get()])).max()?
+                } else {
+                    estimate(&[prompt])
+                }
+            }
+        };
+        Some(n.max(1))
+    }
+
+    /// Whether every message's content is text (T may then lower the count; SPEC §5).
+    pub fn text_only(&self, body: &[u8]) -> bool {
+        let Some(messages) = self.raw(body, self.fields.messages) else {
+            return true; // completion form: the prompt is text or ids
+        };
+        #[derive(serde::Deserialize)]
+        struct Message<'a> {
+            #[serde(borrow, default)]
+            content: Option<&'a RawValue>,
+        }
+        #[derive(serde::Deserialize)]
+        struct Part<'a> {
+            #[serde(borrow, rename = "type", default)]
+            kind: Option<std::borrow::Cow<'a, str>>,
+        }
+        let Ok(list) = serde_json::from_str::<Vec<Message>>(messages) else {
+            return false;
+        };
+        list.iter().all(|m| match m.content.map(|c| c.get()) {
+            None => true,
+            Some(c) if c.starts_with('[') => serde_json::from_str::<Vec<Part>>(c)
+                .map(|parts| parts.iter().all(|p| p.kind.as_deref() == Some("text")))
+                .unwrap_or(false),
+            Some(_) => true,
+        })
+    }
+
+    /// The field to write and where: the caller's field (a chat's `max_output_tokens` is
+    /// written as `max_tokens`), or `max_tokens` appended when there was no valid cap.
+    pub fn target(&self) -> (Option<usize>, &'static str) {
+        match self.cap {
+            Some(c) if self.form == Form::Chat && c.field == CapField::MaxOutputTokens => {
+                (Some(c.member), CapField::MaxTokens.name())
+            }
+            Some(c) => (Some(c.member), c.field.name()),
+            None => (None, CapField::MaxTokens.name()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg() -> Config {
+        Config::parse(br#"{"tokenizer":{"cluster":"v"}}"#).unwrap()
+    }
+
+    fn an(body: &str) -> Result<Request, Reason> {
+        analyze(body.as_bytes(), &cfg())
+    }
+
+    #[test]
+    fn shapes() {
+        assert_eq!(an("nope").unwrap_err(), Reason::NotJson);
+        assert_eq!(an("[]").unwrap_err(), Reason::NotObject);
+        assert_eq!(an(r#"{"model":"m"}"#).unwrap_err(), Reason::Shape);
+        assert_eq!(an(r#"{"messages":"hi"}"#).unwrap_err(), Reason::Shape);
+        assert_eq!(
+            an(r#"{"messages":{},"prompt":"x","max_tokens":5}"#).unwrap_err(),
+            Reason::Shape
+        );
+        assert_eq!(an(r#"{"prompt":"x"}"#).unwrap_err(), Reason::NoCap);
+        assert_eq!(
+            an(r#"{"prompt":5,"max_tokens":5}"#).unwrap_err(),
+            Reason::Shape
+        );
+        assert_eq!(
+            an(r#"{"prompt":[],"max_tokens":5}"#).unwrap_err(),
+            Reason::Shape
+        );
+        assert_eq!(
+            an(r#"{"prompt":[1,"a"],"max_tokens":5}"#).unwrap_err(),
+            Reason::Shape
+        );
+        let r = an(r#"{"messages":[],"prompt":"x"}"#).unwrap();
+        assert_eq!(r.form, Form::Chat);
+        assert_eq!(r.counting, Counting::Tokenize);
+        assert_eq!(r.cap, None);
+    }
+
+    #[test]
+    fn completion_counting() {
+        assert_eq!(
+            an(r#"{"prompt":"hello","max_tokens":5}"#).unwrap().counting,
+            Counting::Tokenize
+        );
+        assert_eq!(
+            an(r#"{"prompt":["hello"],"max_tokens":5}"#)
+                .unwrap()
+                .counting,
+            Counting::Tokenize
+        );
+        assert_eq!(
+            an(r#"{"prompt":["a","b"],"max_tokens":5}"#)
+                .unwrap()
+                .counting,
+            Counting::Estimate
+        );
+        assert_eq!(
+            an(r#"{"prompt":[1,2,3],"max_tokens":5}"#).unwrap().counting,
+            Counting::Exact(3)
+        );
+        assert_eq!(
+            an(r#"{"prompt":[[1,2],[1,2,3,4]],"max_tokens":5}"#)
+                .unwrap()
+                .counting,
+            Counting::Exact(4)
+        );
+    }
+
+    #[test]
+    fn caps_smallest_wins_with_ties_and_duplicates() {
+        let r = an(r#"{"messages":[],"max_output_tokens":10,"max_completion_tokens":10,"max_tokens":"20"}"#).unwrap();
+        assert_eq!(
+            r.cap,
+            Some(Cap {
+                field: CapField::MaxCompletionTokens,
+                value: 10,
+                member: 2
+            })
+        );
+        assert_eq!(r.cap_members, vec![1, 2, 3]);
+        let r = an(r#"{"messages":[],"max_tokens":5,"max_tokens":100}"#).unwrap();
+        assert_eq!(r.cap.unwrap().value, 100);
+        assert_eq!(r.cap.unwrap().member, 2);
+        let r = an(r#"{"messages":[],"max_tokens":-5,"max_output_tokens":null}"#).unwrap();
+        assert_eq!(r.cap, None);
+        assert_eq!(r.target(), (None, "max_tokens"));
+        let r = an(r#"{"messages":[],"max_output_tokens":7}"#).unwrap();
+        assert_eq!(r.target(), (Some(1), "max_tokens"));
+        let r = an(r#"{"prompt":"x","max_output_tokens":7}"#).unwrap();
+        assert_eq!(r.target(), (Some(1), "max_output_tokens"));
+    }
+
+    #[test]
+    fn estimate_cases() {
+        assert_eq!(
+            an(r#"{"messages":[],"response_format":{"type":"json_object"}}"#)
+                .unwrap()
+                .counting,
+            Counting::Estimate
+        );
+        assert_eq!(
+            an(r#"{"messages":[],"response_format":null}"#)
+                .unwrap()
+                .counting,
+            Counting::Tokenize
+        );
+        assert_eq!(
+            an(r#"{"messages":[],"tools":[{}],"tool_choice":"required"}"#)
+                .unwrap()
+                .counting,
+            Counting::Estimate
+        );
+        assert_eq!(
+            an(r#"{"messages":[],"tools":[{}],"tool_choice":"auto"}"#)
+                .unwrap()
+                .counting,
+            Counting::Tokenize
+        );
+        assert_eq!(
+            an(r#"{"messages":[],"tools":[{}]}"#).unwrap().counting,
+            Counting::Tokenize
+        );
+        assert_eq!(
+            an(r#"{"messages":[],"tools":[ ],"tool_choice":"none"}"#)
+                .unwrap()
+                .counting,
+            Counting::Tokenize
+        );
+    }
+
+    #[test]
+    fn model_filter() {
+        let c = Config::parse(br#"{"tokenizer":{"cluster":"v"},"model":["a","b"]}"#).unwrap();
+        assert!(analyze(br#"{"model":"b","messages":[]}"#, &c).is_ok());
+        assert_eq!(
+            analyze(br#"{"model":"c","messages":[]}"#, &c).unwrap_err(),
+            Reason::Model
+        );
+        assert_eq!(
+            analyze(br#"{"messages":[]}"#, &c).unwrap_err(),
+            Reason::Model
+        );
+    }
+
+    #[test]
+    fn estimate_and_text_only() {
+        let body = r#"{"messages":[{"role":"user","content":"abcd"}],"tools":[1]}"#;
+        let r = an(body).unwrap();
+        let expected =
+            crate::core::estimate::estimate(&[r#"[{"role":"user","content":"abcd"}]"#, "[1]"]);
+        assert_eq!(r.estimate(body.as_bytes()), Some(expected));
+        assert!(r.text_only(body.as_bytes()));
+        let body = r#"{"messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url"}]}],"truncate_prompt_tokens":5}"#;
+        let r = an(body).unwrap();
+        assert_eq!(r.truncate, Some(5));
+        assert!(!r.text_only(body.as_bytes()));
+        assert_eq!(
+            an(r#"{"messages":[]}"#)
+                .unwrap()
+                .estimate(b"{\"messages\":[]}"),
+            Some(1)
+        );
+    }
+}

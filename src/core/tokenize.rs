@@ -1,0 +1,408 @@
+//! The exact count (SPEC §5): the `/tokenize` payload built from the request, the response
+//! contract, and the cache key (SPEC §6).
+
+use super::request::{Form, Request};
+use serde_json::{Map, Value};
+use xxhash_rust::xxh3::Xxh3;
+
+/// Why a tokenizer answer could not be used (the `incontext_tokenizer_failures_<kind>` counter).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failure {
+    /// The call could not be dispatched.
+    Dispatch,
+    /// No response (connection reset, cluster unreachable without a status).
+    Transport,
+    /// Envoy answered 504: the call timed out.
+    Timeout,
+    /// Any other non-2xx status.
+    Status,
+    /// The body is not JSON.
+    BadJson,
+    /// `count` or `max_model_len` missing or of the wrong type.
+    Contract,
+    /// `max_model_len` differs from the configured `context_length`.
+    Mismatch,
+}
+
+impl Failure {
+    pub const ALL: [Failure; 7] = [
+        Failure::Dispatch,
+        Failure::Transport,
+        Failure::Timeout,
+        Failure::Status,
+        Failure::BadJson,
+        Failure::Contract,
+        Failure::Mismatch,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Failure::Dispatch => "dispatch",
+            Failure::Transport => "transport",
+            Failure::Timeout => "timeout",
+            Failure::Status => "status",
+            Failure::BadJson => "bad_json",
+            Failure::Contract => "contract",
+            Failure::Mismatch => "mismatch",
+        }
+    }
+
+    pub fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// What the tokenizer told us.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reply {
+    pub count: u64,
+    pub max_model_len: u64,
+}
+
+/// Checks a tokenizer answer against the contract. `status` is the HTTP status (`None` when
+/// there was no response); `context_length` is the configured C.
+pub fn parse_reply(
+    status: Option<u16>,
+    body: &[u8],
+    context_length: Option<u64>,
+) -> Result<Reply, Failure> {
+    match status {
+        None => return Err(Failure::Transport),
+        Some(504) => return Err(Failure::Timeout),
+        Some(s) if !(200..300).contains(&s) => return Err(Failure::Status),
+        Some(_) => {}
+    }
+    #[derive(serde::Deserialize)]
+    struct Raw {
+        count: Option<Value>,
+        max_model_len: Option<Value>,
+    }
+    let raw: Raw = serde_json::from_slice(body).map_err(|e| {
+        if e.is_data() {
+            Failure::Contract // valid JSON of another shape (an array, a string…)
+        } else {
+            Failure::BadJson
+        }
+    })?;
+    let count = raw
+        .count
+        .as_ref()
+        .and_then(Value::as_u64)
+        .ok_or(Failure::Contract)?;
+    let max_model_len = raw
+        .max_model_len
+        .as_ref()
+        .and_then(Value::as_u64)
+        .filter(|m| *m > 0)
+        .ok_or(Failure::Contract)?;
+    check_context(max_model_len, context_length)?;
+    Ok(Reply {
+        count,
+        max_model_len,
+    })
+}
+
+/// A reply (fresh or cached) must match the configured context length.
+pub fn check_context(max_model_len: u64, context_length: Option<u64>) -> Result<(), Failure> {
+    match context_length {
+        Some(c) if c != max_model_len => Err(Failure::Mismatch),
+        _ => Ok(()),
+    }
+}
+
+fn parse(raw: Option<&str>) -> Option<Value> {
+    serde_json::from_str(raw?).ok()
+}
+
+/// Renames `reasoning_content` to `reasoning` in each message, unless `reasoning` is non-null.
+fn normalize_message(message: Value) -> Value {
+    let Value::Object(map) = message else {
+        return message;
+    };
+    let has_rc = map.contains_key("reasoning_content");
+    let reasoning_set = map.get("reasoning").is_some_and(|r| !r.is_null());
+    if !has_rc || reasoning_set {
+        return Value::Object(map);
+    }
+    let mut out = Map::with_capacity(map.len());
+    for (k, v) in map {
+        match k.as_str() {
+            "reasoning" => {} // null: replaced by the renamed field
+            "reasoning_content" => {
+                out.insert("reasoning".to_string(), v);
+            }
+            _ => {
+                out.insert(k, v);
+            }
+        }
+    }
+    Value::Object(out)
+}
+
+/// Builds the `/tokenize` payload for a request (compact JSON, raw UTF-8). `None` when a
+/// field the payload needs does not parse (the caller then uses the estimate).
+pub fn payload(req: &Request, body: &[u8]) -> Option<Vec<u8>> {
+    let f = &req.fields;
+    let mut out = Map::new();
+    if let Some(model) = parse(req.raw(body, f.model)) {
+        out.insert("model".into(), model);
+    }
+    match req.form {
+        Form::Completion => {
+            let prompt = match parse(req.raw(body, f.prompt))? {
+                Value::Array(mut items) if items.len() == 1 => items.pop()?,
+                p => p,
+            };
+            out.insert("prompt".into(), prompt);
+            if let Some(v) = parse(req.raw(body, f.add_special_tokens)) {
+                out.insert("add_special_tokens".into(), v);
+            }
+        }
+        Form::Chat => {
+            let Value::Array(messages) = parse(req.raw(body, f.messages))? else {
+                return None;
+            };
+            out.insert(
+                "messages".into(),
+                Value::Array(messages.into_iter().map(normalize_message).collect()),
+            );
+            if let Some(tools @ Value::Array(_)) = parse(req.raw(body, f.tools)) {
+                out.insert("tools".into(), tools);
+            }
+            let agp = parse(req.raw(body, f.add_generation_prompt)).unwrap_or(Value::Bool(true));
+            out.insert("add_generation_prompt".into(), agp);
+            for (name, idx) in [
+                ("continue_final_message", f.continue_final_message),
+                ("add_special_tokens", f.add_special_tokens),
+                ("chat_template", f.chat_template),
+            ] {
+                if let Some(v) = parse(req.raw(body, idx)) {
+                    out.insert(name.into(), v);
+                }
+            }
+            if let Some(kwargs) = template_kwargs(req, body) {
+                out.insert("chat_template_kwargs".into(), kwargs);
+            }
+            for (name, idx) in [
+                ("media_io_kwargs", f.media_io_kwargs),
+                ("mm_processor_kwargs", f.mm_processor_kwargs),
+            ] {
+                if let Some(v) = parse(req.raw(body, idx)) {
+                    out.insert(name.into(), v);
+                }
+            }
+        }
+    }
+    serde_json::to_vec(&Value::Object(out)).ok()
+}
+
+/// `chat_template_kwargs` with `documents` and `reasoning_effort` folded in, and
+/// `enable_thinking` = `reasoning_effort != "none"` unless already set.
+fn template_kwargs(req: &Request, body: &[u8]) -> Option<Value> {
+    let f = &req.fields;
+    let given = parse(req.raw(body, f.chat_template_kwargs));
+    let documents = parse(req.raw(body, f.documents)).filter(|d| !d.is_null());
+    let effort = parse(req.raw(body, f.reasoning_effort)).filter(|e| !e.is_null());
+    if documents.is_none() && effort.is_none() {
+        return given;
+    }
+    let mut kwargs = match given {
+        None | Some(Value::Null) => Map::new(),
+        Some(Value::Object(map)) => map,
+        Some(other) => return Some(other), // not an object: vLLM will judge it
+    };
+    if let Some(d) = documents {
+        kwargs.entry("documents").or_insert(d);
+    }
+    if let Some(e) = effort {
+        let thinking = e.as_str() != Some("none");
+        kwargs.entry("reasoning_effort").or_insert(e);
+        kwargs
+            .entry("enable_thinking")
+            .or_insert(Value::Bool(thinking));
+    }
+    Some(Value::Object(kwargs))
+}
+
+/// The cache key: a 128-bit hash of everything the payload is built from (the raw request
+/// slices, so a hit never builds the payload), the tokenizer route and C.
+pub fn cache_key(req: &Request, body: &[u8], route: &str, context_length: Option<u64>) -> u128 {
+    let f = &req.fields;
+    let mut h = Xxh3::new();
+    let mut field = |tag: u8, bytes: &[u8]| {
+        h.update(&[tag]);
+        h.update(&(bytes.len() as u64).to_le_bytes());
+        h.update(bytes);
+    };
+    field(0, route.as_bytes());
+    field(1, &context_length.unwrap_or(0).to_le_bytes());
+    field(2, &[req.form as u8]);
+    let parts = [
+        f.model,
+        f.messages,
+        f.prompt,
+        f.tools,
+        f.add_generation_prompt,
+        f.continue_final_message,
+        f.add_special_tokens,
+        f.chat_template,
+        f.chat_template_kwargs,
+        f.media_io_kwargs,
+        f.mm_processor_kwargs,
+        f.documents,
+        f.reasoning_effort,
+    ];
+    for (i, idx) in parts.into_iter().enumerate() {
+        match req.raw(body, idx) {
+            Some(text) => field(16 + i as u8, text.as_bytes()),
+            None => field(64 + i as u8, b""),
+        }
+    }
+    h.digest128()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::config::Config;
+    use crate::core::request::analyze;
+
+    fn req(body: &str) -> Request {
+        analyze(
+            body.as_bytes(),
+            &Config::parse(br#"{"tokenizer":{"cluster":"v"}}"#).unwrap(),
+        )
+        .unwrap()
+    }
+
+    fn payload_of(body: &str) -> String {
+        String::from_utf8(payload(&req(body), body.as_bytes()).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn chat_payload_order_and_defaults() {
+        let body = r#"{"stream":true, "messages": [ {"role":"user", "content":"你好 \u00e9"} ], "model":"m",
+            "max_tokens":9, "chat_template_kwargs":{"x":1}, "add_special_tokens":false, "tools":[]}"#;
+        assert_eq!(
+            payload_of(body),
+            r#"{"model":"m","messages":[{"role":"user","content":"你好 é"}],"tools":[],"add_generation_prompt":true,"add_special_tokens":false,"chat_template_kwargs":{"x":1}}"#
+        );
+    }
+
+    #[test]
+    fn folds_reasoning_effort_and_documents() {
+        let body = r#"{"model":"m","messages":[],"reasoning_effort":"none","documents":[{"t":"d"}],"chat_template_kwargs":{"z":0}}"#;
+        assert_eq!(
+            payload_of(body),
+            r#"{"model":"m","messages":[],"add_generation_prompt":true,"chat_template_kwargs":{"z":0,"documents":[{"t":"d"}],"reasoning_effort":"none","enable_thinking":false}}"#
+        );
+        let body = r#"{"messages":[],"reasoning_effort":"high","chat_template_kwargs":{"enable_thinking":false}}"#;
+        assert_eq!(
+            payload_of(body),
+            r#"{"messages":[],"add_generation_prompt":true,"chat_template_kwargs":{"enable_thinking":false,"reasoning_effort":"high"}}"#
+        );
+        let body = r#"{"messages":[],"reasoning_effort":"low"}"#;
+        assert_eq!(
+            payload_of(body),
+            r#"{"messages":[],"add_generation_prompt":true,"chat_template_kwargs":{"reasoning_effort":"low","enable_thinking":true}}"#
+        );
+    }
+
+    #[test]
+    fn renames_reasoning_content() {
+        let body = r#"{"messages":[{"role":"assistant","reasoning":null,"content":"a","reasoning_content":"r"},
+            {"role":"assistant","reasoning":"kept","reasoning_content":"x"}],"add_generation_prompt":false}"#;
+        assert_eq!(
+            payload_of(body),
+            r#"{"messages":[{"role":"assistant","content":"a","reasoning":"r"},{"role":"assistant","reasoning":"kept","reasoning_content":"x"}],"add_generation_prompt":false}"#
+        );
+    }
+
+    #[test]
+    fn completion_payload() {
+        assert_eq!(
+            payload_of(
+                r#"{"model":"m","prompt":"hi","max_tokens":5,"add_special_tokens":true,"echo":true}"#
+            ),
+            r#"{"model":"m","prompt":"hi","add_special_tokens":true}"#
+        );
+        assert_eq!(
+            payload_of(r#"{"prompt":["hi"],"max_tokens":5}"#),
+            r#"{"prompt":"hi"}"#
+        );
+    }
+
+    #[test]
+    fn reply_contract() {
+        assert_eq!(
+            parse_reply(
+                Some(200),
+                br#"{"count":5,"max_model_len":512,"tokens":[1]}"#,
+                None
+            ),
+            Ok(Reply {
+                count: 5,
+                max_model_len: 512
+            })
+        );
+        assert_eq!(
+            parse_reply(Some(200), br#"{"count":0,"max_model_len":512}"#, Some(512)),
+            Ok(Reply {
+                count: 0,
+                max_model_len: 512
+            })
+        );
+        assert_eq!(
+            parse_reply(Some(200), br#"{"count":5,"max_model_len":512}"#, Some(1024)),
+            Err(Failure::Mismatch)
+        );
+        assert_eq!(parse_reply(None, b"", None), Err(Failure::Transport));
+        assert_eq!(parse_reply(Some(504), b"", None), Err(Failure::Timeout));
+        assert_eq!(
+            parse_reply(Some(500), br#"{"count":5,"max_model_len":512}"#, None),
+            Err(Failure::Status)
+        );
+        assert_eq!(
+            parse_reply(Some(200), b"<html>", None),
+            Err(Failure::BadJson)
+        );
+        assert_eq!(parse_reply(Some(200), b"", None), Err(Failure::BadJson));
+        for bad in [
+            r#"{"count":-1,"max_model_len":512}"#,
+            r#"{"count":true,"max_model_len":512}"#,
+            r#"{"count":1.5,"max_model_len":512}"#,
+            r#"{"count":"5","max_model_len":512}"#,
+            r#"{"count":5,"max_model_len":0}"#,
+            r#"{"count":5}"#,
+            r#"{"max_model_len":5}"#,
+            r#"[1]"#,
+            r#""x""#,
+        ] {
+            assert_eq!(
+                parse_reply(Some(200), bad.as_bytes(), None),
+                Err(Failure::Contract),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn cache_key_depends_on_inputs_not_on_caps() {
+        let a = r#"{"model":"m","messages":[{"role":"user","content":"x"}],"max_tokens":5}"#;
+        let b = r#"{"model":"m","messages":[{"role":"user","content":"x"}],"max_tokens":9,"stream":true}"#;
+        let c = r#"{"model":"m","messages":[{"role":"user","content":"y"}],"max_tokens":5}"#;
+        let key = |s: &str, route: &str, ctx| cache_key(&req(s), s.as_bytes(), route, ctx);
+        assert_eq!(key(a, "r", None), key(b, "r", None));
+        assert_ne!(key(a, "r", None), key(c, "r", None));
+        assert_ne!(key(a, "r", None), key(a, "r2", None));
+        assert_ne!(key(a, "r", None), key(a, "r", Some(512)));
+    }
+
+    #[test]
+    fn failure_names() {
+        for (i, f) in Failure::ALL.iter().enumerate() {
+            assert_eq!(f.index(), i);
+            assert!(!f.as_str().is_empty());
+        }
+    }
+}

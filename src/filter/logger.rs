@@ -27,9 +27,11 @@ impl log::Log for HostLogger {
 
 static LOGGER: HostLogger = HostLogger;
 
+/// Installs the logger. Host calls are not allowed while the module initialises, so the
+/// host's level is read later, in `on_configure`.
 pub fn install() {
     if log::set_logger(&LOGGER).is_ok() {
-        follow_host_level();
+        log::set_max_level(log::LevelFilter::Info);
     }
 }
 

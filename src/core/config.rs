@@ -19,7 +19,16 @@ pub struct TokenizerConfig {
     pub path: String,
     pub timeout_ms: u64,
     /// Extra headers for the tokenizer call (for example an API key), in config order.
-    pub headers: Vec<(String, String)>,
+    pub headers: Vec<(String, HeaderValue)>,
+}
+
+/// A tokenizer header value: given in the config, or read from an environment variable of
+/// the Envoy process (exposed to the VM with `vm_config.environment_variables`), so a
+/// credential need not sit in the plugin configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HeaderValue {
+    Literal(String),
+    Env(String),
 }
 
 /// The validated configuration the filter runs with.
@@ -207,15 +216,20 @@ fn parse_tokenizer(v: Option<Value>) -> Result<TokenizerConfig, ConfigError> {
                         "content-type, content-length and host are set by the filter",
                     ));
                 }
-                match value {
-                    Value::String(s) if valid_header_value(&s) => headers.push((name, s)),
+                let value = match value {
+                    Value::String(s) if valid_header_value(&s) => HeaderValue::Literal(s),
+                    Value::Object(o) if o.len() == 1 => match o.get("env") {
+                        Some(Value::String(var)) if !var.is_empty() => HeaderValue::Env(var.clone()),
+                        _ => return Err(err(field, "an object value must be {\"env\": \"VARIABLE\"}")),
+                    },
                     _ => {
                         return Err(err(
                             field,
-                            "header values must be strings without control characters",
+                            "header values must be strings without control characters, or {\"env\": \"VARIABLE\"}",
                         ))
                     }
-                }
+                };
+                headers.push((name, value));
             }
         }
         Some(_) => return Err(err("tokenizer.headers", "must be an object of strings")),
@@ -308,6 +322,37 @@ impl Config {
         };
         config.check_window()?;
         Ok(config)
+    }
+
+    /// Replaces every `{"env": NAME}` header value by the variable's value. A missing or
+    /// unusable variable is an error naming the header (never its value).
+    pub fn resolve_env(
+        &mut self,
+        lookup: impl Fn(&str) -> Option<String>,
+    ) -> Result<(), ConfigError> {
+        for (name, value) in &mut self.tokenizer.headers {
+            if let HeaderValue::Env(var) = value {
+                let field = format!("tokenizer.headers.{name}");
+                let resolved = lookup(var)
+                    .ok_or_else(|| err(&field, format!("environment variable {var} is not set")))?;
+                if resolved.is_empty() || !valid_header_value(&resolved) {
+                    return Err(err(
+                        &field,
+                        format!("environment variable {var} is empty or has control characters"),
+                    ));
+                }
+                *value = HeaderValue::Literal(resolved);
+            }
+        }
+        Ok(())
+    }
+
+    /// The tokenizer headers with literal values (after `resolve_env`).
+    pub fn literal_headers(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.tokenizer.headers.iter().filter_map(|(k, v)| match v {
+            HeaderValue::Literal(v) => Some((k.as_str(), v.as_str())),
+            HeaderValue::Env(_) => None,
+        })
     }
 
     /// The startup checks on W, C, R and F that can be made before anything is learned.
@@ -416,7 +461,10 @@ mod tests {
         .unwrap();
         assert_eq!(
             c.tokenizer.headers,
-            vec![("authorization".to_string(), "Bearer x".to_string())]
+            vec![(
+                "authorization".to_string(),
+                HeaderValue::Literal("Bearer x".to_string())
+            )]
         );
         assert_eq!(c.models, Some(vec!["Qwen/Qwen3-8B".to_string()]));
         assert_eq!(c.window(), Some(32768));
@@ -538,6 +586,31 @@ mod tests {
         assert_eq!(c.window_with(4000), 4000);
         assert!(c.check_against(20).is_err());
         assert!(c.check_against(21).is_ok());
+    }
+
+    #[test]
+    fn header_values_from_environment() {
+        let mut c = parse(
+            r#"{"tokenizer":{"cluster":"v","headers":{"authorization":{"env":"TOKEN"},"x-a":"b"}}}"#,
+        )
+        .unwrap();
+        let mut missing = c.clone();
+        let e = missing.resolve_env(|_| None).unwrap_err();
+        assert_eq!(e.field, "tokenizer.headers.authorization");
+        assert!(!e.to_string().contains("secret"));
+        assert_eq!(c.literal_headers().count(), 1);
+        c.resolve_env(|name| (name == "TOKEN").then(|| "Bearer secret".to_string()))
+            .unwrap();
+        let headers: Vec<_> = c.literal_headers().collect();
+        assert_eq!(
+            headers,
+            vec![("authorization", "Bearer secret"), ("x-a", "b")]
+        );
+        assert!(parse(r#"{"tokenizer":{"cluster":"v","headers":{"a":{"file":"x"}}}}"#).is_err());
+        assert!(parse(r#"{"tokenizer":{"cluster":"v","headers":{"a":{"env":""}}}}"#).is_err());
+        let mut bad =
+            parse(r#"{"tokenizer":{"cluster":"v","headers":{"a":{"env":"X"}}}}"#).unwrap();
+        assert!(bad.resolve_env(|_| Some("a\nb".to_string())).is_err());
     }
 
     #[test]

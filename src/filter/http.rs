@@ -129,7 +129,7 @@ impl Http {
                 concat!("incontext/", env!("CARGO_PKG_VERSION")),
             ),
         ];
-        headers.extend(t.headers.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+        headers.extend(config.literal_headers());
         Metrics::bump(shared.metrics.tokenizer_calls);
         let timeout = Duration::from_millis(t.timeout_ms);
         match proxy_wasm::hostcalls::dispatch_http_call(

@@ -45,7 +45,11 @@ impl RootContext for Root {
                 return false;
             }
         };
-        match Config::parse(&bytes) {
+        let parsed = Config::parse(&bytes).and_then(|mut c| {
+            c.resolve_env(|name| std::env::var(name).ok())?;
+            Ok(c)
+        });
+        match parsed {
             Ok(config) => {
                 let t = &config.tokenizer;
                 let route = format!("{}|{}|{}", t.cluster, t.authority, t.path);

@@ -1,0 +1,684 @@
+"""Kubernetes manifests under deploy/kubernetes and the OCI image recipe under deploy/oci.
+
+* Every manifest document whose kind has a CRD in ../shared/crds is validated against that
+  CRD's openAPIV3Schema, strictly (unknown fields are errors, as with kubectl's strict field
+  validation). CEL rules (x-kubernetes-validations) are not evaluated.
+* Every embedded plugin configuration goes through the filter's own validator
+  (incontext-check-config), serialised as the gateway hands it to the filter.
+* For each, a deliberately broken copy is rejected by the same check.
+* Cross-references: tokenizer cluster names, buffer limits >= max_body_bytes, image refs.
+* The OCI image built from deploy/oci/Dockerfile (buildah, deploy/oci/build-layout.sh) holds
+  exactly plugin.wasm, byte-identical to the built wasm, in a single tar+gzip layer.
+
+Run: .venv/bin/python -m pytest tests/deploy
+"""
+
+from __future__ import annotations
+
+import copy
+import gzip
+import hashlib
+import io
+import json
+import os
+import re
+import shutil
+import subprocess
+import tarfile
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+CRDS = REPO.parent / "shared" / "crds"
+DEPLOY = REPO / "deploy"
+KUBE = DEPLOY / "kubernetes"
+OCI = DEPLOY / "oci"
+WASM = REPO / "target" / "wasm32-wasip1" / "release" / "incontext.wasm"
+CHECKER = REPO / "target" / "debug" / "incontext-check-config"
+
+DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
+# Kinds that must have a CRD in shared/crds; the others are checked structurally below.
+CRD_KINDS = {"WasmPlugin", "EnvoyExtensionPolicy", "ClientTrafficPolicy"}
+NO_CRD_KINDS = {
+    ("v1", "Namespace"),
+    ("v1", "Service"),
+    ("networking.istio.io/v1alpha3", "EnvoyFilter"),
+    ("networking.istio.io/v1", "Gateway"),
+    ("networking.istio.io/v1", "VirtualService"),
+    ("gateway.networking.k8s.io/v1", "Gateway"),
+    ("gateway.networking.k8s.io/v1", "HTTPRoute"),
+}
+DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+# --------------------------------------------------------------------------------------------
+# Loading
+
+
+def load_docs() -> list[tuple[str, dict]]:
+    files = sorted(KUBE.rglob("*.yaml"))
+    assert files, f"no manifests under {KUBE}"
+    docs = []
+    for f in files:
+        for i, doc in enumerate(yaml.safe_load_all(f.read_text())):
+            if doc is None:
+                continue
+            docs.append((f"{f.relative_to(KUBE)}#{i}:{doc.get('kind')}", doc))
+    return docs
+
+
+DOCS = load_docs()
+
+
+def docs_of(kind: str, api_prefix: str = "") -> list[dict]:
+    return [d for _, d in DOCS if d.get("kind") == kind and d.get("apiVersion", "").startswith(api_prefix)]
+
+
+def one(kind: str, api_prefix: str = "") -> dict:
+    found = docs_of(kind, api_prefix)
+    assert len(found) == 1, f"expected one {kind} ({api_prefix}), found {len(found)}"
+    return found[0]
+
+
+def to_jsonschema(node):
+    """Kubernetes structural schema -> JSON Schema (draft 4), strict about unknown fields."""
+    if isinstance(node, list):
+        return [to_jsonschema(n) for n in node]
+    if not isinstance(node, dict):
+        return node
+    out = {}
+    for key, value in node.items():
+        if key.startswith("x-kubernetes-") or key in ("description", "default", "nullable", "example"):
+            continue
+        if key in ("properties", "patternProperties"):
+            out[key] = {name: to_jsonschema(sub) for name, sub in value.items()}
+        else:
+            out[key] = to_jsonschema(value)
+    if node.get("nullable") and isinstance(out.get("type"), str):
+        out["type"] = [out["type"], "null"]
+    if (
+        "properties" in node
+        and "additionalProperties" not in node
+        and not node.get("x-kubernetes-preserve-unknown-fields")
+    ):
+        out["additionalProperties"] = False
+    return out
+
+
+FORMATS = jsonschema.FormatChecker()
+
+
+@FORMATS.checks("int32")
+def _int32(v):
+    return not isinstance(v, int) or -(2**31) <= v < 2**31
+
+
+@FORMATS.checks("int64")
+def _int64(v):
+    return not isinstance(v, int) or -(2**63) <= v < 2**63
+
+
+def load_crd_schemas() -> dict[tuple[str, str], dict]:
+    """(apiVersion, kind) -> JSON Schema of the whole object."""
+    if not CRDS.is_dir():
+        pytest.fail(f"CRD schemas not found at {CRDS} (shared/crds beside the repository)")
+    schemas = {}
+    for f in sorted(CRDS.glob("*.yaml")):
+        crd = yaml.safe_load(f.read_text())
+        if not crd or crd.get("kind") != "CustomResourceDefinition":
+            continue
+        group, kind = crd["spec"]["group"], crd["spec"]["names"]["kind"]
+        for version in crd["spec"]["versions"]:
+            schema = to_jsonschema(version["schema"]["openAPIV3Schema"])
+            props = schema.setdefault("properties", {})
+            # The API server accepts these on every object even where the CRD omits them.
+            props.setdefault("apiVersion", {"type": "string"})
+            props.setdefault("kind", {"type": "string"})
+            props.setdefault("metadata", {"type": "object"})
+            schemas[(f"{group}/{version['name']}", kind)] = schema
+    missing = CRD_KINDS - {k for _, k in schemas}
+    if missing:
+        pytest.fail(f"no CRD in {CRDS} for {sorted(missing)}")
+    return schemas
+
+
+@pytest.fixture(scope="session")
+def crd_schemas() -> dict[tuple[str, str], dict]:
+    return load_crd_schemas()
+
+
+def crd_errors(doc: dict, schemas: dict) -> list[str]:
+    key = (doc.get("apiVersion"), doc.get("kind"))
+    if key not in schemas:
+        return [f"no CRD schema for {key}"]
+    validator = jsonschema.Draft4Validator(schemas[key], format_checker=FORMATS)
+    errors = [f"{'/'.join(map(str, e.absolute_path)) or '(root)'}: {e.message}" for e in validator.iter_errors(doc)]
+    meta = doc.get("metadata") or {}
+    if not DNS1123.match(str(meta.get("name", ""))):
+        errors.append("metadata.name missing or not a DNS-1123 label")
+    if not DNS1123.match(str(meta.get("namespace", ""))):
+        errors.append("metadata.namespace missing (the policies are namespaced)")
+    return sorted(errors)
+
+
+# --------------------------------------------------------------------------------------------
+# Plugin configurations
+
+
+@pytest.fixture(scope="session")
+def checker() -> Path:
+    """Builds incontext-check-config (cargo keeps it current; a no-op when up to date)."""
+    cargo = shutil.which("cargo")
+    if cargo is None:
+        pytest.fail("cargo not found: needed to build incontext-check-config")
+    r = subprocess.run(
+        [cargo, "build", "--quiet", "--bin", "incontext-check-config"],
+        cwd=REPO, capture_output=True, text=True, timeout=900,
+    )
+    if r.returncode != 0 or not CHECKER.is_file():
+        pytest.fail(f"cargo build --bin incontext-check-config failed:\n{r.stderr[-4000:]}")
+    return CHECKER
+
+
+def check_config(checker: Path, config_json: bytes) -> tuple[bool, str]:
+    r = subprocess.run([str(checker), "-"], input=config_json, capture_output=True, timeout=60)
+    assert r.returncode in (0, 1), f"incontext-check-config exited {r.returncode}: {r.stderr!r}"
+    return r.returncode == 0, (r.stdout + r.stderr).decode(errors="replace").strip()
+
+
+def embedded_configs() -> list[tuple[str, dict, list]]:
+    """(id, document, path to the config inside it) for every plugin config in the manifests.
+
+    Istio passes `pluginConfig` to the filter as its JSON serialisation; Envoy Gateway passes
+    `config` verbatim as a JSON string. A missing config reaches the filter as an empty string.
+    """
+    out = []
+    for doc_id, doc in DOCS:
+        if doc.get("kind") == "WasmPlugin":
+            out.append((doc_id, doc, ["spec", "pluginConfig"]))
+        elif doc.get("kind") == "EnvoyExtensionPolicy":
+            for i, _ in enumerate(doc.get("spec", {}).get("wasm", [])):
+                out.append((f"{doc_id}/wasm[{i}]", doc, ["spec", "wasm", i, "config"]))
+    return out
+
+
+def get_path(doc, path, default=None):
+    for p in path:
+        try:
+            doc = doc[p]
+        except (KeyError, IndexError, TypeError):
+            return default
+    return doc
+
+
+def config_bytes(doc: dict, path: list) -> bytes:
+    cfg = get_path(doc, path)
+    return b"" if cfg is None else json.dumps(cfg).encode()
+
+
+CONFIGS = embedded_configs()
+
+
+def test_every_crd_kind_and_config_is_covered():
+    kinds = {d.get("kind") for _, d in DOCS}
+    assert CRD_KINDS <= kinds, f"manifests missing for {sorted(CRD_KINDS - kinds)}"
+    assert len(CONFIGS) >= 2, "expected an Istio and an Envoy Gateway plugin config"
+    for doc_id, doc in DOCS:
+        key = (doc.get("apiVersion"), doc.get("kind"))
+        assert doc.get("kind") in CRD_KINDS or key in NO_CRD_KINDS, (
+            f"{doc_id}: {key} has neither a CRD check nor a structural check here"
+        )
+
+
+# --------------------------------------------------------------------------------------------
+# CRD validation, and broken copies
+
+
+@pytest.mark.parametrize("doc_id,doc", [(i, d) for i, d in DOCS if d.get("kind") in CRD_KINDS])
+def test_manifest_matches_crd(doc_id, doc, crd_schemas):
+    assert crd_errors(doc, crd_schemas) == []
+
+
+def _rename_key(obj: dict, old: str, new: str) -> None:
+    obj[new] = obj.pop(old)
+
+
+BREAKAGES = {
+    "WasmPlugin": [
+        ("failStrategy typo", lambda s: s.__setitem__("failStrategy", "FAIL_OPNE")),
+        ("phase typo", lambda s: s.__setitem__("phase", "AUTHZN")),
+        ("unknown spec key", lambda s: _rename_key(s, "pluginConfig", "pluginConfg")),
+        ("sha256 not hex", lambda s: s.__setitem__("sha256", "sha256:" + s["sha256"])),
+        ("url missing", lambda s: s.pop("url")),
+    ],
+    "EnvoyExtensionPolicy": [
+        ("failOpen not a bool", lambda s: s["wasm"][0].__setitem__("failOpen", "yes")),
+        ("code.type typo", lambda s: s["wasm"][0]["code"].__setitem__("type", "OCI")),
+        ("unknown wasm key", lambda s: _rename_key(s["wasm"][0], "config", "confg")),
+        ("unknown image key", lambda s: _rename_key(s["wasm"][0]["code"]["image"], "sha256", "sha265")),
+        ("targetRef without group", lambda s: s["targetRefs"][0].pop("group")),
+    ],
+    "ClientTrafficPolicy": [
+        ("bufferLimit not a quantity", lambda s: s["connection"].__setitem__("bufferLimit", "16MB")),
+        ("unknown connection key", lambda s: _rename_key(s["connection"], "bufferLimit", "bufferLimt")),
+        ("unknown spec key", lambda s: _rename_key(s, "connection", "conection")),
+    ],
+}
+
+
+@pytest.mark.parametrize(
+    "doc_id,doc,what,breaker",
+    [
+        (i, d, what, fn)
+        for i, d in DOCS
+        if d.get("kind") in CRD_KINDS
+        for what, fn in BREAKAGES[d["kind"]]
+    ],
+)
+def test_broken_manifest_is_rejected_by_crd(doc_id, doc, what, breaker, crd_schemas):
+    broken = copy.deepcopy(doc)
+    breaker(broken["spec"])
+    assert crd_errors(broken, crd_schemas), f"{doc_id}: '{what}' passed the CRD schema"
+
+
+def test_broken_metadata_is_rejected(crd_schemas):
+    doc = copy.deepcopy(one("WasmPlugin"))
+    del doc["metadata"]["namespace"]
+    assert crd_errors(doc, crd_schemas)
+
+
+# --------------------------------------------------------------------------------------------
+# Embedded plugin configurations, and broken copies
+
+
+@pytest.mark.parametrize("cfg_id,doc,path", CONFIGS)
+def test_embedded_config_is_valid(cfg_id, doc, path, checker):
+    ok, out = check_config(checker, config_bytes(doc, path))
+    assert ok, f"{cfg_id}: {out}"
+
+
+CONFIG_BREAKAGES = [
+    ("min_ouput_tokens", lambda c: _rename_key(c, "min_output_tokens", "min_ouput_tokens")),
+    ("tokenizer.clster", lambda c: _rename_key(c["tokenizer"], "cluster", "clster")),
+    ("max_body_bytes", lambda c: c.__setitem__("max_body_bytes", 0)),
+    ("on_insufficient", lambda c: c.__setitem__("on_insufficient", "drop")),
+    ("(root)", lambda c: c.clear()),
+]
+
+
+@pytest.mark.parametrize("what,breaker", CONFIG_BREAKAGES, ids=[w for w, _ in CONFIG_BREAKAGES])
+@pytest.mark.parametrize("cfg_id,doc,path", CONFIGS)
+def test_broken_config_is_rejected(cfg_id, doc, path, what, breaker, checker, crd_schemas):
+    broken = copy.deepcopy(doc)
+    breaker(get_path(broken, path))
+    # The CRD cannot see inside the plugin config (x-kubernetes-preserve-unknown-fields) ...
+    assert crd_errors(broken, crd_schemas) == []
+    # ... so only the filter's own validator catches it.
+    ok, out = check_config(checker, config_bytes(broken, path))
+    assert not ok, f"{cfg_id}: broken config '{what}' was accepted"
+    if what != "(root)":
+        assert what.split(".")[0] in out, f"error line does not name the field: {out}"
+
+
+def test_missing_config_is_rejected(checker):
+    for cfg_id, doc, path in CONFIGS:
+        broken = copy.deepcopy(doc)
+        parent = get_path(broken, path[:-1])
+        del parent[path[-1]]
+        ok, out = check_config(checker, config_bytes(broken, path))
+        assert not ok, f"{cfg_id}: a missing config was accepted"
+
+
+# --------------------------------------------------------------------------------------------
+# Cross-references: cluster names, buffer limits, images
+
+
+def vllm_service() -> tuple[str, str, int]:
+    svc = one("Service")
+    ports = svc["spec"]["ports"]
+    assert len(ports) == 1
+    return svc["metadata"]["name"], svc["metadata"]["namespace"], ports[0]["port"]
+
+
+def istio_problems(wasmplugin: dict, envoyfilter: dict, virtualservice: dict) -> list[str]:
+    p = []
+    name, ns, port = vllm_service()
+    host = f"{name}.{ns}.svc.cluster.local"
+    spec = wasmplugin["spec"]
+    tok = spec.get("pluginConfig", {}).get("tokenizer", {})
+    if tok.get("cluster") != f"outbound|{port}||{host}":
+        p.append(f"tokenizer.cluster {tok.get('cluster')!r} is not Istio's outbound|{port}||{host}")
+    if tok.get("authority") != f"{host}:{port}":
+        p.append(f"tokenizer.authority {tok.get('authority')!r} != {host}:{port}")
+    if spec.get("failStrategy") != "FAIL_OPEN":
+        p.append("failStrategy is not FAIL_OPEN")
+    if spec.get("phase") != "STATS":
+        p.append("phase is not STATS (after authn/authz)")
+    if not str(spec.get("url", "")).startswith("oci://"):
+        p.append("url is not an oci:// image")
+    dests = [
+        r["destination"]
+        for h in virtualservice["spec"]["http"]
+        for r in h["route"]
+    ]
+    if not any(d["host"] == host and d.get("port", {}).get("number") == port for d in dests):
+        p.append("the VirtualService does not route to the tokenizer's Service (no cluster on the gateway)")
+    # EnvoyFilter: no CRD schema in shared/crds, so a structural check.
+    es = envoyfilter.get("spec", {})
+    unknown = set(es) - {"workloadSelector", "configPatches", "targetRefs", "priority"}
+    if unknown:
+        p.append(f"EnvoyFilter spec has unknown keys {sorted(unknown)}")
+    if es.get("workloadSelector", {}).get("labels") != spec.get("selector", {}).get("matchLabels"):
+        p.append("EnvoyFilter workloadSelector does not select the WasmPlugin's gateway")
+    limits = []
+    for cp in es.get("configPatches", []):
+        if set(cp) - {"applyTo", "match", "patch"}:
+            p.append(f"configPatch has unknown keys {sorted(set(cp))}")
+        if cp.get("match", {}).get("context") not in ("ANY", "SIDECAR_INBOUND", "SIDECAR_OUTBOUND", "GATEWAY"):
+            p.append(f"configPatch match.context {cp.get('match', {}).get('context')!r}")
+        patch = cp.get("patch", {})
+        if patch.get("operation") not in ("MERGE", "ADD", "REMOVE", "INSERT_BEFORE", "INSERT_AFTER", "INSERT_FIRST", "REPLACE"):
+            p.append(f"configPatch patch.operation {patch.get('operation')!r}")
+        if cp.get("applyTo") == "LISTENER" and cp.get("match", {}).get("context") in ("GATEWAY", "ANY"):
+            v = patch.get("value", {}).get("per_connection_buffer_limit_bytes")
+            if v is not None:
+                limits.append(v)
+    max_body = spec.get("pluginConfig", {}).get("max_body_bytes", DEFAULT_MAX_BODY_BYTES)
+    if not limits or not all(isinstance(v, int) and v >= max_body for v in limits):
+        p.append(f"gateway listener buffer limit {limits} does not cover max_body_bytes {max_body}")
+    return p
+
+
+def quantity(q) -> int:
+    if isinstance(q, int):
+        return q
+    m = re.fullmatch(r"([0-9]+)([KMGTPE]i|[kMGTPE])?", str(q))
+    assert m, f"not a quantity: {q!r}"
+    unit = m.group(2) or ""
+    mult = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18}
+    mult.update({"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60})
+    return int(m.group(1)) * mult[unit]
+
+
+def envoy_gateway_problems(eep: dict, ctp: dict, gateway: dict, route: dict) -> list[str]:
+    p = []
+    name, ns, port = vllm_service()
+    refs = eep["spec"].get("targetRefs", [])
+    if refs != [{"group": "gateway.networking.k8s.io", "kind": "HTTPRoute", "name": route["metadata"]["name"]}]:
+        p.append(f"EnvoyExtensionPolicy does not target HTTPRoute {route['metadata']['name']}: {refs}")
+    if eep["metadata"]["namespace"] != route["metadata"]["namespace"]:
+        p.append("EnvoyExtensionPolicy is not in the HTTPRoute's namespace")
+    for w in eep["spec"].get("wasm", []):
+        if w.get("failOpen") is not True:
+            p.append("failOpen is not true")
+        if w.get("code", {}).get("type") != "Image":
+            p.append("code.type is not Image")
+        cfg = w.get("config") or {}
+        tok = cfg.get("tokenizer", {})
+        m = re.fullmatch(r"httproute/([^/]+)/([^/]+)/rule/([0-9]+)", str(tok.get("cluster")))
+        if not m:
+            p.append(f"tokenizer.cluster {tok.get('cluster')!r} is not an HTTPRoute rule cluster")
+        else:
+            rns, rname, idx = m.group(1), m.group(2), int(m.group(3))
+            if (rns, rname) != (route["metadata"]["namespace"], route["metadata"]["name"]):
+                p.append(f"tokenizer.cluster names HTTPRoute {rns}/{rname}, not the example's")
+            rules = route["spec"]["rules"]
+            if idx >= len(rules):
+                p.append(f"tokenizer.cluster names rule {idx}; the HTTPRoute has {len(rules)}")
+            else:
+                backends = rules[idx].get("backendRefs", [])
+                if not backends or any(
+                    (b.get("name"), b.get("namespace", rns), b.get("port"), b.get("kind", "Service"))
+                    != (name, ns, port, "Service")
+                    for b in backends
+                ):
+                    p.append(f"rule {idx} of the HTTPRoute does not send to Service {ns}/{name}:{port}")
+        if tok.get("authority") != f"{name}.{ns}.svc.cluster.local:{port}":
+            p.append(f"tokenizer.authority {tok.get('authority')!r}")
+        max_body = cfg.get("max_body_bytes", DEFAULT_MAX_BODY_BYTES)
+        limit = ctp["spec"].get("connection", {}).get("bufferLimit")
+        if limit is None or quantity(limit) < max_body:
+            p.append(f"ClientTrafficPolicy bufferLimit {limit} does not cover max_body_bytes {max_body}")
+    gw_refs = ctp["spec"].get("targetRefs", [])
+    if gw_refs != [{"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": gateway["metadata"]["name"]}] or (
+        ctp["metadata"]["namespace"] != gateway["metadata"]["namespace"]
+    ):
+        p.append(f"ClientTrafficPolicy does not target Gateway {gateway['metadata']['name']}")
+    parents = [r.get("name") for r in route["spec"].get("parentRefs", [])]
+    if gateway["metadata"]["name"] not in parents:
+        p.append("the HTTPRoute is not attached to the Gateway")
+    return p
+
+
+def istio_set():
+    return (
+        one("WasmPlugin"),
+        one("EnvoyFilter"),
+        one("VirtualService"),
+    )
+
+
+def eg_set():
+    return (
+        one("EnvoyExtensionPolicy"),
+        one("ClientTrafficPolicy"),
+        one("Gateway", "gateway.networking.k8s.io/"),
+        one("HTTPRoute"),
+    )
+
+
+def test_istio_cross_references():
+    assert istio_problems(*istio_set()) == []
+
+
+def test_envoy_gateway_cross_references():
+    assert envoy_gateway_problems(*eg_set()) == []
+
+
+ISTIO_BREAKAGES = [
+    ("cluster in Envoy Gateway form", lambda wp, ef, vs: wp["spec"]["pluginConfig"]["tokenizer"].__setitem__("cluster", "vllm")),
+    ("cluster port wrong", lambda wp, ef, vs: wp["spec"]["pluginConfig"]["tokenizer"].__setitem__("cluster", "outbound|80||vllm.llm.svc.cluster.local")),
+    ("fail closed", lambda wp, ef, vs: wp["spec"].__setitem__("failStrategy", "FAIL_CLOSE")),
+    ("buffer limit 1 MiB", lambda wp, ef, vs: ef["spec"]["configPatches"][0]["patch"]["value"].__setitem__("per_connection_buffer_limit_bytes", 1048576)),
+    ("max_body_bytes above limit", lambda wp, ef, vs: wp["spec"]["pluginConfig"].__setitem__("max_body_bytes", 32 * 2**20)),
+    ("EnvoyFilter operation typo", lambda wp, ef, vs: ef["spec"]["configPatches"][0]["patch"].__setitem__("operation", "MERGER")),
+    ("EnvoyFilter unknown key", lambda wp, ef, vs: _rename_key(ef["spec"], "configPatches", "configPatch")),
+    ("EnvoyFilter other workload", lambda wp, ef, vs: ef["spec"]["workloadSelector"].__setitem__("labels", {"app": "x"})),
+    ("not routed to vLLM", lambda wp, ef, vs: vs["spec"]["http"][0]["route"][0]["destination"].__setitem__("host", "other.llm.svc.cluster.local")),
+]
+
+
+@pytest.mark.parametrize("what,breaker", ISTIO_BREAKAGES, ids=[w for w, _ in ISTIO_BREAKAGES])
+def test_istio_broken_cross_reference_is_rejected(what, breaker):
+    docs = copy.deepcopy(istio_set())
+    breaker(*docs)
+    assert istio_problems(*docs), f"'{what}' was not caught"
+
+
+EG_BREAKAGES = [
+    ("cluster in Istio form", lambda e, c, g, r: e["spec"]["wasm"][0]["config"]["tokenizer"].__setitem__("cluster", "outbound|8000||vllm.llm.svc.cluster.local")),
+    ("cluster rule index out of range", lambda e, c, g, r: e["spec"]["wasm"][0]["config"]["tokenizer"].__setitem__("cluster", "httproute/llm/vllm/rule/1")),
+    ("cluster names another route", lambda e, c, g, r: e["spec"]["wasm"][0]["config"]["tokenizer"].__setitem__("cluster", "httproute/llm/other/rule/0")),
+    ("buffer limit left at 32Ki", lambda e, c, g, r: c["spec"]["connection"].__setitem__("bufferLimit", "32Ki")),
+    ("buffer limit 8M (decimal) < 8 MiB", lambda e, c, g, r: c["spec"]["connection"].__setitem__("bufferLimit", "8M")),
+    ("failOpen false", lambda e, c, g, r: e["spec"]["wasm"][0].__setitem__("failOpen", False)),
+    ("targets the Gateway", lambda e, c, g, r: e["spec"]["targetRefs"][0].update(kind="Gateway", name="llm")),
+    ("rule 0 sends elsewhere", lambda e, c, g, r: r["spec"]["rules"][0]["backendRefs"][0].__setitem__("name", "other")),
+    ("CTP targets another Gateway", lambda e, c, g, r: c["spec"]["targetRefs"][0].__setitem__("name", "other")),
+]
+
+
+@pytest.mark.parametrize("what,breaker", EG_BREAKAGES, ids=[w for w, _ in EG_BREAKAGES])
+def test_envoy_gateway_broken_cross_reference_is_rejected(what, breaker):
+    docs = copy.deepcopy(eg_set())
+    breaker(*docs)
+    assert envoy_gateway_problems(*docs), f"'{what}' was not caught"
+
+
+def test_both_gateways_reference_the_same_image():
+    wp = one("WasmPlugin")["spec"]
+    image = one("EnvoyExtensionPolicy")["spec"]["wasm"][0]["code"]["image"]
+    assert wp["url"] == "oci://" + image["url"].removeprefix("oci://")
+    assert wp["sha256"] == image["sha256"]
+    assert re.fullmatch(r"[0-9a-f]{64}", image["sha256"])
+
+
+def test_no_crd_documents_are_well_formed():
+    for doc_id, doc in DOCS:
+        if doc.get("kind") in CRD_KINDS:
+            continue
+        meta = doc.get("metadata") or {}
+        assert DNS1123.match(str(meta.get("name", ""))), f"{doc_id}: metadata.name"
+        if doc["kind"] != "Namespace":
+            assert DNS1123.match(str(meta.get("namespace", ""))), f"{doc_id}: metadata.namespace"
+        assert isinstance(doc.get("spec"), dict) or doc["kind"] == "Namespace", f"{doc_id}: spec"
+
+
+# --------------------------------------------------------------------------------------------
+# OCI image layout
+
+
+def sha256_hex(b: bytes) -> str:
+    return hashlib.sha256(b).hexdigest()
+
+
+def inspect_layout(layout: Path, wasm: bytes) -> tuple[list[str], str]:
+    """Problems with an OCI image layout as a "compat" Wasm image; and the manifest digest."""
+    p: list[str] = []
+
+    def blob(desc: dict) -> bytes:
+        algo, _, hexd = desc["digest"].partition(":")
+        data = (layout / "blobs" / algo / hexd).read_bytes()
+        if algo != "sha256" or sha256_hex(data) != hexd:
+            p.append(f"blob {desc['digest']} does not match its digest")
+        if len(data) != desc["size"]:
+            p.append(f"blob {desc['digest']} size {len(data)} != {desc['size']}")
+        return data
+
+    if json.loads((layout / "oci-layout").read_text()).get("imageLayoutVersion") != "1.0.0":
+        p.append("oci-layout: imageLayoutVersion is not 1.0.0")
+    index = json.loads((layout / "index.json").read_text())
+    if len(index.get("manifests", [])) != 1:
+        return p + [f"index.json has {len(index.get('manifests', []))} manifests, expected 1"], ""
+    mdesc = index["manifests"][0]
+    if mdesc.get("mediaType") != "application/vnd.oci.image.manifest.v1+json":
+        p.append(f"manifest media type {mdesc.get('mediaType')}")
+    manifest = json.loads(blob(mdesc))
+    config = json.loads(blob(manifest["config"]))
+    if manifest["config"].get("mediaType") != "application/vnd.oci.image.config.v1+json":
+        p.append(f"config media type {manifest['config'].get('mediaType')}")
+    layers = manifest.get("layers", [])
+    if len(layers) != 1:
+        return p + [f"{len(layers)} layers, expected exactly 1"], mdesc["digest"]
+    if layers[0].get("mediaType") != "application/vnd.oci.image.layer.v1.tar+gzip":
+        p.append(f"layer media type {layers[0].get('mediaType')} (the compat fetchers want tar+gzip)")
+    compressed = blob(layers[0])
+    try:
+        raw = gzip.decompress(compressed)
+    except OSError as e:
+        return p + [f"layer is not gzip: {e}"], mdesc["digest"]
+    if config.get("rootfs", {}).get("diff_ids") != ["sha256:" + sha256_hex(raw)]:
+        p.append("config rootfs.diff_ids does not match the layer")
+    with tarfile.open(fileobj=io.BytesIO(raw)) as tar:
+        members = tar.getmembers()
+        names = [m.name for m in members]
+        if names != ["plugin.wasm"]:
+            p.append(f"layer holds {names}, expected exactly ['plugin.wasm'] at the root")
+        for m in members:
+            if m.name == "plugin.wasm":
+                if not m.isfile():
+                    p.append("plugin.wasm is not a regular file")
+                else:
+                    f = tar.extractfile(m)
+                    if f is None or f.read() != wasm:
+                        p.append("plugin.wasm differs from the built incontext.wasm")
+    return p, mdesc["digest"].removeprefix("sha256:")
+
+
+@pytest.fixture(scope="session")
+def wasm_snapshot(tmp_path_factory) -> Path:
+    """A copy of the built wasm (other builds may replace target/ while the tests run)."""
+    if not WASM.is_file():
+        cargo = shutil.which("cargo")
+        if cargo is None:
+            pytest.fail(f"{WASM} missing and cargo not found")
+        r = subprocess.run(
+            [cargo, "build", "--release", "--target", "wasm32-wasip1"],
+            cwd=REPO, capture_output=True, text=True, timeout=1800,
+        )
+        if r.returncode != 0 or not WASM.is_file():
+            pytest.fail(f"cargo build --release --target wasm32-wasip1 failed:\n{r.stderr[-4000:]}")
+    snap = tmp_path_factory.mktemp("wasm") / "incontext.wasm"
+    shutil.copyfile(WASM, snap)
+    return snap
+
+
+def build_layout(wasm: Path, out: Path, dockerfile: Path | None = None) -> tuple[subprocess.CompletedProcess, str]:
+    if shutil.which("buildah") is None:
+        pytest.fail("buildah not found: the OCI image test needs it (Debian: apt-get install buildah)")
+    cmd = ["bash", str(OCI / "build-layout.sh")]
+    if dockerfile is not None:
+        cmd += ["-f", str(dockerfile)]
+    cmd += [str(wasm), str(out), "test"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    return r, r.stdout.strip()
+
+
+@pytest.fixture(scope="session")
+def layout(wasm_snapshot, tmp_path_factory) -> tuple[Path, str]:
+    out = tmp_path_factory.mktemp("oci") / "layout"
+    r, digest = build_layout(wasm_snapshot, out)
+    if r.returncode != 0:
+        pytest.fail(f"deploy/oci/build-layout.sh failed ({r.returncode}):\n{r.stderr[-4000:]}")
+    return out, digest
+
+
+def test_oci_image_holds_exactly_plugin_wasm(layout, wasm_snapshot):
+    out, digest = layout
+    problems, manifest_digest = inspect_layout(out, wasm_snapshot.read_bytes())
+    assert problems == []
+    assert re.fullmatch(r"[0-9a-f]{64}", digest), f"build-layout.sh printed {digest!r}"
+    assert digest == manifest_digest, "the printed sha256 is not the manifest digest"
+
+
+def test_oci_image_is_reproducible(layout, wasm_snapshot, tmp_path):
+    _, digest = layout
+    r, again = build_layout(wasm_snapshot, tmp_path / "again")
+    assert r.returncode == 0, r.stderr
+    assert again == digest, "two builds of the same wasm gave different digests"
+
+
+@pytest.mark.parametrize(
+    "what,dockerfile",
+    [
+        ("not at the root", "FROM scratch\nCOPY incontext.wasm /wasm/plugin.wasm\n"),
+        ("wrong name", "FROM scratch\nCOPY incontext.wasm ./incontext.wasm\n"),
+        ("an extra file", "FROM scratch\nCOPY incontext.wasm ./plugin.wasm\nCOPY incontext.wasm ./extra.wasm\n"),
+    ],
+)
+def test_broken_image_recipe_is_rejected(what, dockerfile, wasm_snapshot, tmp_path):
+    df = tmp_path / "Dockerfile"
+    df.write_text(dockerfile)
+    r, _ = build_layout(wasm_snapshot, tmp_path / "layout", df)
+    assert r.returncode == 0, r.stderr
+    problems, _ = inspect_layout(tmp_path / "layout", wasm_snapshot.read_bytes())
+    assert problems, f"recipe '{what}' passed the layout check"
+
+
+def test_other_wasm_is_detected(layout):
+    out, _ = layout
+    problems, _ = inspect_layout(out, b"\0asm\1\0\0\0")
+    assert any("differs" in x for x in problems)
+
+
+def test_dockerfile_is_the_compat_recipe():
+    lines = [
+        line.strip()
+        for line in (OCI / "Dockerfile").read_text().splitlines()
+        if line.strip() and not line.lstrip().startswith("#")
+    ]
+    assert lines == ["FROM scratch", "COPY incontext.wasm ./plugin.wasm"]
+    assert os.access(OCI / "build-layout.sh", os.X_OK), "build-layout.sh is not executable"

@@ -77,6 +77,14 @@ pub fn parse_reply(
         count: Option<Value>,
         max_model_len: Option<Value>,
     }
+    // The reply must be an object (a derived struct would also accept an array of fields).
+    let first = body.iter().find(|b| !b.is_ascii_whitespace());
+    if first != Some(&b'{') {
+        return Err(match serde_json::from_slice::<serde::de::IgnoredAny>(body) {
+            Ok(_) => Failure::Contract,
+            Err(_) => Failure::BadJson,
+        });
+    }
     let raw: Raw = serde_json::from_slice(body).map_err(|e| {
         if e.is_data() {
             Failure::Contract // valid JSON of another shape (an array, a string…)
@@ -376,6 +384,8 @@ mod tests {
             r#"{"count":5}"#,
             r#"{"max_model_len":5}"#,
             r#"[1]"#,
+            r#"[5, 32768]"#,
+            "null",
             r#""x""#,
         ] {
             assert_eq!(

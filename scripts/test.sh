@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Runs every check: native unit tests, clippy (host and wasm target), the wasm build, and the
+# pytest suites under tests/ (end-to-end through a real Envoy; other suites may be added there).
+# Every step runs even when an earlier one failed (except pytest, which needs the wasm build);
+# the exit status is non-zero when any step failed, and the failed steps are listed at the end.
+# Needs scripts/setup.sh to have run once (wasm target, .venv with Envoy and test deps).
+# Extra arguments go to pytest, e.g. scripts/test.sh -k cache -x
+set -uo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+FAILED=()
+step() {
+  printf '\n==> %s\n' "$*"
+  "$@" || { echo "==> FAILED: $*"; FAILED+=("$*"); return 1; }
+}
+
+step cargo test
+step cargo clippy --all-targets -- -D warnings
+step cargo clippy --target wasm32-wasip1 -- -D warnings
+if step cargo build --release --target wasm32-wasip1; then
+  WASM="$ROOT/target/wasm32-wasip1/release/incontext.wasm"
+  echo "wasm: $WASM ($(stat -c %s "$WASM") bytes)"
+  PY="$ROOT/.venv/bin/python"
+  if [ -x "$PY" ]; then
+    step "$PY" -m pytest tests/ "$@"
+  else
+    echo "no $ROOT/.venv: run scripts/setup.sh first" >&2
+    FAILED+=("pytest (no .venv)")
+  fi
+else
+  FAILED+=("pytest (not run: the wasm did not build)")
+fi
+
+echo
+if [ ${#FAILED[@]} -eq 0 ]; then
+  echo "==> all checks passed"
+else
+  echo "==> failed steps:"
+  printf '    %s\n' "${FAILED[@]}"
+  exit 1
+fi

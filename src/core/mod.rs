@@ -4,6 +4,7 @@ pub mod cache;
 pub mod caps;
 pub mod config;
 pub mod estimate;
+pub mod payload;
 pub mod plan;
 pub mod reason;
 pub mod request;

@@ -1,8 +1,9 @@
 //! The exact count (SPEC §5): the `/tokenize` payload built from the request, the response
 //! contract, and the cache key (SPEC §6).
 
-use super::request::{Form, Request};
-use serde_json::{Map, Value};
+pub use super::payload::payload;
+use super::request::Request;
+use serde_json::Value;
 use xxhash_rust::xxh3::Xxh3;
 
 /// Why a tokenizer answer could not be used (the `incontext_tokenizer_failures_<kind>` counter).
@@ -118,122 +119,6 @@ pub fn check_context(max_model_len: u64, context_length: Option<u64>) -> Result<
         Some(c) if c != max_model_len => Err(Failure::Mismatch),
         _ => Ok(()),
     }
-}
-
-fn parse(raw: Option<&str>) -> Option<Value> {
-    serde_json::from_str(raw?).ok()
-}
-
-/// Renames `reasoning_content` to `reasoning` in each message, unless `reasoning` is non-null.
-fn normalize_message(message: Value) -> Value {
-    let Value::Object(map) = message else {
-        return message;
-    };
-    let has_rc = map.contains_key("reasoning_content");
-    let reasoning_set = map.get("reasoning").is_some_and(|r| !r.is_null());
-    if !has_rc || reasoning_set {
-        return Value::Object(map);
-    }
-    let mut out = Map::with_capacity(map.len());
-    for (k, v) in map {
-        match k.as_str() {
-            "reasoning" => {} // null: replaced by the renamed field
-            "reasoning_content" => {
-                out.insert("reasoning".to_string(), v);
-            }
-            _ => {
-                out.insert(k, v);
-            }
-        }
-    }
-    Value::Object(out)
-}
-
-/// Builds the `/tokenize` payload for a request (compact JSON, raw UTF-8). `None` when a
-/// field the payload needs does not parse (the caller then uses the estimate).
-pub fn payload(req: &Request, body: &[u8]) -> Option<Vec<u8>> {
-    let f = &req.fields;
-    let mut out = Map::new();
-    if let Some(model) = parse(req.raw(body, f.model)) {
-        out.insert("model".into(), model);
-    }
-    match req.form {
-        Form::Completion => {
-            let prompt = match parse(req.raw(body, f.prompt))? {
-                Value::Array(mut items) if items.len() == 1 => items.pop()?,
-                p => p,
-            };
-            out.insert("prompt".into(), prompt);
-            if let Some(v) = parse(req.raw(body, f.add_special_tokens)) {
-                out.insert("add_special_tokens".into(), v);
-            }
-        }
-        Form::Chat => {
-            let Value::Array(messages) = parse(req.raw(body, f.messages))? else {
-                return None;
-            };
-            out.insert(
-                "messages".into(),
-                Value::Array(messages.into_iter().map(normalize_message).collect()),
-            );
-            if let Some(tools @ Value::Array(_)) = parse(req.raw(body, f.tools)) {
-                out.insert("tools".into(), tools);
-            }
-            let agp = parse(req.raw(body, f.add_generation_prompt)).unwrap_or(Value::Bool(true));
-            out.insert("add_generation_prompt".into(), agp);
-            for (name, idx) in [
-                ("continue_final_message", f.continue_final_message),
-                ("add_special_tokens", f.add_special_tokens),
-                ("chat_template", f.chat_template),
-            ] {
-                if let Some(v) = parse(req.raw(body, idx)) {
-                    out.insert(name.into(), v);
-                }
-            }
-            if let Some(kwargs) = template_kwargs(req, body) {
-                out.insert("chat_template_kwargs".into(), kwargs);
-            }
-            for (name, idx) in [
-                ("media_io_kwargs", f.media_io_kwargs),
-                ("mm_processor_kwargs", f.mm_processor_kwargs),
-            ] {
-                if let Some(v) = parse(req.raw(body, idx)) {
-                    out.insert(name.into(), v);
-                }
-            }
-        }
-    }
-    serde_json::to_vec(&Value::Object(out)).ok()
-}
-
-/// `chat_template_kwargs` with `documents` and `reasoning_effort` folded in, and
-/// `enable_thinking` = `reasoning_effort != "none"` unless already set.
-fn template_kwargs(req: &Request, body: &[u8]) -> Option<Value> {
-    let f = &req.fields;
-    let given = parse(req.raw(body, f.chat_template_kwargs));
-    let documents = parse(req.raw(body, f.documents)).filter(|d| !d.is_null());
-    let effort = parse(req.raw(body, f.reasoning_effort)).filter(|e| !e.is_null());
-    if documents.is_none() && effort.is_none() {
-        return given;
-    }
-    let mut kwargs = match given {
-        None | Some(Value::Null) => Map::new(),
-        Some(Value::Object(map)) => map,
-        Some(other) => return Some(other), // not an object: vLLM will judge it
-    };
-    // As vLLM's chat endpoint merges them: set top-level values win over the same keys in
-    // `chat_template_kwargs`; `enable_thinking` is only added when not already there.
-    if let Some(d) = documents {
-        kwargs.insert("documents".into(), d);
-    }
-    if let Some(e) = effort {
-        let thinking = e.as_str() != Some("none");
-        kwargs.insert("reasoning_effort".into(), e);
-        kwargs
-            .entry("enable_thinking")
-            .or_insert(Value::Bool(thinking));
-    }
-    Some(Value::Object(kwargs))
 }
 
 /// The cache key: a 128-bit hash of everything the payload is built from (the raw request

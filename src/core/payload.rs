@@ -1,0 +1,284 @@
+//! The `/tokenize` payload (SPEC §5), written from the raw request slices without building a
+//! DOM: values are copied in compact form; only strings with escapes are decoded and written
+//! again (so the payload reads as Python's `json.dumps(..., ensure_ascii=False,
+//! separators=(",", ":"))` of the request would), and message / `chat_template_kwargs`
+//! objects are rewritten member by member where a key has to change.
+
+use super::request::{Form, Request};
+use super::scan::{scan, Member};
+use serde_json::value::RawValue;
+
+/// Appends `raw` (valid JSON) in compact form: no white space outside strings; strings with
+/// escapes are normalised (non-ASCII as raw UTF-8, control characters escaped).
+pub fn compact(raw: &str, out: &mut Vec<u8>) -> Option<()> {
+    let bytes = raw.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b' ' | b'\t' | b'\n' | b'\r' => i += 1,
+            b'"' => {
+                let end = string_end(bytes, i)?;
+                write_string(&raw[i..end], out)?;
+                i = end;
+            }
+            b => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    Some(())
+}
+
+/// The index just past the closing quote of the string starting at `start`.
+fn string_end(bytes: &[u8], start: usize) -> Option<usize> {
+    let mut i = start + 1;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'\\' => i += 2,
+            b'"' => return Some(i + 1),
+            _ => i += 1,
+        }
+    }
+    None
+}
+
+/// Writes one JSON string token (with its quotes), normalising escapes.
+fn write_string(token: &str, out: &mut Vec<u8>) -> Option<()> {
+    if !token.contains('\\') {
+        out.extend_from_slice(token.as_bytes());
+        return Some(());
+    }
+    let decoded: String = serde_json::from_str(token).ok()?;
+    serde_json::to_writer(&mut *out, &decoded).ok()
+}
+
+/// The raw text of a member's key (with quotes).
+fn key_text<'a>(object: &'a str, m: &Member) -> &'a str {
+    let between = &object[m.key_start..m.value.start];
+    between.trim_end().trim_end_matches(':').trim_end()
+}
+
+fn write_member(object: &str, m: &Member, key: Option<&str>, out: &mut Vec<u8>) -> Option<()> {
+    match key {
+        Some(k) => write_key(k, out),
+        None => {
+            write_string(key_text(object, m), out)?;
+            out.push(b':');
+        }
+    }
+    compact(&object[m.value.clone()], out)
+}
+
+fn write_key(key: &str, out: &mut Vec<u8>) {
+    out.push(b'"');
+    out.extend_from_slice(key.as_bytes());
+    out.extend_from_slice(b"\":");
+}
+
+/// A message, with `reasoning_content` renamed `reasoning` unless `reasoning` is non-null
+/// (a null `reasoning` is dropped in favour of the renamed field).
+fn write_message(message: &str, out: &mut Vec<u8>) -> Option<()> {
+    if !message.starts_with('{') || !message.contains("reasoning_content") {
+        return compact(message, out);
+    }
+    let members = scan(message.as_bytes()).ok()?;
+    let value = |m: &Member| &message[m.value.clone()];
+    let has_rc = members.iter().any(|m| m.key == "reasoning_content");
+    let reasoning_set = members
+        .iter()
+        .rev()
+        .find(|m| m.key == "reasoning")
+        .is_some_and(|m| value(m) != "null");
+    if !has_rc || reasoning_set {
+        return compact(message, out);
+    }
+    out.push(b'{');
+    let mut first = true;
+    for m in members.iter().filter(|m| m.key != "reasoning") {
+        if !first {
+            out.push(b',');
+        }
+        first = false;
+        let rename = (m.key == "reasoning_content").then_some("reasoning");
+        write_member(message, m, rename, out)?;
+    }
+    out.push(b'}');
+    Some(())
+}
+
+/// `chat_template_kwargs` with `documents` and `reasoning_effort` folded in as vLLM's chat
+/// endpoint merges them (set top-level values win over the same keys), and `enable_thinking`
+/// = `reasoning_effort != "none"` unless already there. Writes nothing when there is
+/// nothing to write; `None` when a value is malformed.
+fn write_template_kwargs(req: &Request, body: &[u8], out: &mut Vec<u8>) -> Option<()> {
+    let f = &req.fields;
+    let given = req.raw(body, f.chat_template_kwargs);
+    let set = |idx| req.raw(body, idx).filter(|v| *v != "null");
+    let (documents, effort) = (set(f.documents), set(f.reasoning_effort));
+    if documents.is_none() && effort.is_none() {
+        return match given {
+            Some(g) => {
+                out.extend_from_slice(b",\"chat_template_kwargs\":");
+                compact(g, out)
+            }
+            None => Some(()),
+        };
+    }
+    let members = match given {
+        None | Some("null") => Vec::new(),
+        Some(g) if g.starts_with('{') => scan(g.as_bytes()).ok()?,
+        Some(g) => {
+            // Not an object: vLLM will judge it.
+            out.extend_from_slice(b",\"chat_template_kwargs\":");
+            return compact(g, out);
+        }
+    };
+    let given = given.unwrap_or("{}");
+    let thinking = effort.map(|e| serde_json::from_str::<&str>(e).ok() != Some("none"));
+    out.extend_from_slice(b",\"chat_template_kwargs\":{");
+    let mut first = true;
+    let mut sep = |out: &mut Vec<u8>| {
+        if !first {
+            out.push(b',');
+        }
+        first = false;
+    };
+    for m in &members {
+        sep(out);
+        let replaced = match m.key.as_str() {
+            "documents" => documents,
+            "reasoning_effort" => effort,
+            _ => None,
+        };
+        match replaced {
+            Some(v) => {
+                write_key(&m.key, out);
+                compact(v, out)?;
+            }
+            None => write_member(given, m, None, out)?,
+        }
+    }
+    let has = |k: &str| members.iter().any(|m| m.key == k);
+    for (key, value) in [("documents", documents), ("reasoning_effort", effort)] {
+        if let Some(v) = value.filter(|_| !has(key)) {
+            sep(out);
+            write_key(key, out);
+            compact(v, out)?;
+        }
+    }
+    if let Some(t) = thinking.filter(|_| !has("enable_thinking")) {
+        sep(out);
+        write_key("enable_thinking", out);
+        out.extend_from_slice(if t { b"true" } else { b"false" });
+    }
+    out.push(b'}');
+    Some(())
+}
+
+/// Builds the `/tokenize` payload. `None` when a field it needs is not of the expected form
+/// (the caller then uses the estimate).
+pub fn payload(req: &Request, body: &[u8]) -> Option<Vec<u8>> {
+    let f = &req.fields;
+    let mut out = Vec::with_capacity(
+        req.raw(body, f.messages.or(f.prompt))
+            .map_or(64, |m| m.len() + 256),
+    );
+    out.push(b'{');
+    let field = |out: &mut Vec<u8>, name: &str, raw: Option<&str>| -> Option<()> {
+        if let Some(raw) = raw {
+            if out.len() > 1 {
+                out.push(b',');
+            }
+            write_key(name, out);
+            compact(raw, out)?;
+        }
+        Some(())
+    };
+    field(&mut out, "model", req.raw(body, f.model))?;
+    match req.form {
+        Form::Completion => {
+            let mut prompt = req.raw(body, f.prompt)?;
+            if prompt.starts_with('[') {
+                let items: Vec<&RawValue> = serde_json::from_str(prompt).ok()?;
+                match items.as_slice() {
+                    [one] => prompt = one.get(),
+                    _ => return None,
+                }
+            }
+            field(&mut out, "prompt", Some(prompt))?;
+            field(
+                &mut out,
+                "add_special_tokens",
+                req.raw(body, f.add_special_tokens),
+            )?;
+        }
+        Form::Chat => {
+            let messages: Vec<&RawValue> = serde_json::from_str(req.raw(body, f.messages)?).ok()?;
+            if out.len() > 1 {
+                out.push(b',');
+            }
+            out.extend_from_slice(b"\"messages\":[");
+            for (i, m) in messages.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                write_message(m.get(), &mut out)?;
+            }
+            out.push(b']');
+            let tools = req.raw(body, f.tools).filter(|t| t.starts_with('['));
+            field(&mut out, "tools", tools)?;
+            let agp = req.raw(body, f.add_generation_prompt).or(Some("true"));
+            field(&mut out, "add_generation_prompt", agp)?;
+            field(
+                &mut out,
+                "continue_final_message",
+                req.raw(body, f.continue_final_message),
+            )?;
+            field(
+                &mut out,
+                "add_special_tokens",
+                req.raw(body, f.add_special_tokens),
+            )?;
+            field(&mut out, "chat_template", req.raw(body, f.chat_template))?;
+            write_template_kwargs(req, body, &mut out)?;
+            field(
+                &mut out,
+                "media_io_kwargs",
+                req.raw(body, f.media_io_kwargs),
+            )?;
+            field(
+                &mut out,
+                "mm_processor_kwargs",
+                req.raw(body, f.mm_processor_kwargs),
+            )?;
+        }
+    }
+    out.push(b'}');
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn compacted(raw: &str) -> String {
+        let mut out = Vec::new();
+        compact(raw, &mut out).unwrap();
+        String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn compact_form() {
+        assert_eq!(
+            compacted(" { \"a\" : [ 1 , 2.50 , true ] ,\n \"b\" : \" x  y \" } "),
+            r#"{"a":[1,2.50,true],"b":" x  y "}"#
+        );
+        assert_eq!(
+            compacted(r#""caf\u00e9 \ud83d\ude00 \/ \" \\ \n \u0001""#),
+            "\"café 😀 / \\\" \\\\ \\n \\u0001\""
+        );
+        assert_eq!(compacted(r#""\"""#), r#""\"""#);
+        assert_eq!(compacted(r#"{"k\u0041":"v"}"#), r#"{"kA":"v"}"#);
+    }
+}

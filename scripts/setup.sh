@@ -53,7 +53,7 @@ fi
 
 ENVOY="$("$ROOT/scripts/envoy-path.sh")"
 say "envoy binary: $ENVOY"
-"$ENVOY" --version | sed -n '/version/{s/^/    /;p;q}'
+"$ENVOY" --version | sed -n '/version/s/^/    /p'
 
 say "cargo build --release --target wasm32-wasip1"
 cargo build --release --target wasm32-wasip1

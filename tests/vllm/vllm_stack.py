@@ -1,0 +1,277 @@
+"""The real vLLM (scripts/vllm.sh) and Envoy + incontext in front of it, for tests/vllm.
+
+vLLM is the CPU build installed by scripts/setup-vllm.sh, serving the tiny Qwen3 model
+(`qwen3-tiny`, real Qwen3 tokenizer and chat template, dummy weights) with a 512-token window.
+Envoy is rendered from envoy/envoy.yaml by tests/e2e/e2e_envoy.py (only the wasm path, ports,
+the `vllm` cluster address and the plugin configuration change).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+
+import httpx
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+sys.path.insert(0, str(ROOT / "tests" / "e2e"))
+
+from e2e_envoy import WASM, Envoy, envoy_binary, free_port, no_filter  # noqa: E402,F401
+
+VLLM_SH = ROOT / "scripts" / "vllm.sh"
+MODEL = "qwen3-tiny"        # served model name (scripts/vllm.sh)
+C = 512                     # max_model_len (scripts/vllm.sh default)
+R = 64                      # min_output_tokens of the test configurations
+F = 32                      # fallback_margin_tokens of the test configurations
+# (config, shape, filter count, vLLM usage.prompt_tokens): printed after the run
+COUNT_LOG: List[tuple] = []
+
+
+class StackError(RuntimeError):
+    pass
+
+
+# --- vLLM ----------------------------------------------------------------------------------
+class Vllm:
+    """One vLLM server started with scripts/vllm.sh, with its own state directory (pid, port
+    and log files), so it never clashes with a demo instance under .cache/."""
+
+    def __init__(self, state_dir: Path, port: Optional[int] = None):
+        self.state_dir = Path(state_dir)
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.port = port or free_port()
+        self.start_seconds: List[float] = []
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def log_path(self) -> Path:
+        return self.state_dir / "vllm.log"
+
+    def _env(self) -> dict:
+        env = dict(os.environ)
+        env["INCONTEXT_VLLM_STATE"] = str(self.state_dir)
+        return env
+
+    def _run(self, *args, timeout=600) -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", str(VLLM_SH), *args], env=self._env(), cwd=ROOT,
+                              capture_output=True, text=True, timeout=timeout,
+                              stdin=subprocess.DEVNULL)
+
+    def start(self):
+        t0 = time.monotonic()
+        try:
+            out = self._run("start", str(self.port))
+        except subprocess.TimeoutExpired as e:
+            self.stop()
+            raise StackError(f"scripts/vllm.sh start timed out after {e.timeout}s\n"
+                             + self.log_tail()) from None
+        if out.returncode != 0:
+            raise StackError(
+                f"scripts/vllm.sh start {self.port} failed (exit {out.returncode}); run "
+                f"scripts/setup-vllm.sh first?\n{out.stdout}\n{out.stderr}\n{self.log_tail()}")
+        self.start_seconds.append(time.monotonic() - t0)
+        return self
+
+    def stop(self):
+        try:
+            self._run("stop", timeout=120)
+        except subprocess.TimeoutExpired:
+            pass
+
+    def healthy(self) -> bool:
+        try:
+            return httpx.get(self.url + "/health", timeout=5).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def log_tail(self, n=40) -> str:
+        if not self.log_path.exists():
+            return "(no vLLM log)"
+        lines = self.log_path.read_text(encoding="utf-8", errors="replace").splitlines()
+        return "----- vLLM log tail -----\n" + "\n".join(lines[-n:])
+
+    # direct calls, bypassing Envoy --------------------------------------------------------
+    def tokenize(self, payload: dict) -> dict:
+        r = httpx.post(self.url + "/tokenize", json=payload, timeout=30)
+        if r.status_code != 200:
+            raise StackError(f"/tokenize answered {r.status_code}: {r.text[:300]}")
+        return r.json()
+
+    def count_chat(self, messages: list, **extra) -> int:
+        payload = {"model": MODEL, "messages": messages, "add_generation_prompt": True}
+        payload.update(extra)
+        return self.tokenize(payload)["count"]
+
+    def http_requests(self, handler: str) -> float:
+        """vLLM's own count of HTTP requests to ``handler`` (prometheus-fastapi-instrumentator)."""
+        text = httpx.get(self.url + "/metrics", timeout=10).text
+        total = 0.0
+        for line in text.splitlines():
+            m = re.match(r'^http_requests_total\{(.*)\} ([0-9.e+]+)$', line)
+            if m and f'handler="{handler}"' in m.group(1):
+                total += float(m.group(2))
+        return total
+
+
+# --- Envoy ---------------------------------------------------------------------------------
+def plugin_config(vllm_port: int, **changes) -> dict:
+    """The plugin configuration for the 512-token window: R=64, F=32, `vllm` cluster.
+    ``context_length=None`` removes it (learned from /tokenize)."""
+    cfg = {
+        "tokenizer": {"backend": "vllm", "cluster": "vllm",
+                      "authority": f"127.0.0.1:{vllm_port}", "timeout_ms": 10000},
+        "context_length": C,
+        "min_output_tokens": R,
+        "fallback_margin_tokens": F,
+    }
+    for k, v in changes.items():
+        if v is None:
+            cfg.pop(k, None)
+        else:
+            cfg[k] = v
+    return cfg
+
+
+def start_envoy(workdir: Path, name: str, upstream_port: int, config: dict) -> Envoy:
+    binary = envoy_binary()
+    if not binary:
+        raise StackError("Envoy binary not found: run scripts/setup.sh (or set ENVOY_BIN)")
+    if not WASM.is_file() and not no_filter():
+        raise StackError(f"{WASM} is missing: run scripts/setup.sh "
+                         "(cargo build --release --target wasm32-wasip1)")
+    env = Envoy(binary, workdir, config, ("127.0.0.1", upstream_port),
+                remove_filter=no_filter(), name=name)
+    return env.start()
+
+
+def cluster_counter(envoy: Envoy, name: str) -> int:
+    """An Envoy counter of the `vllm` cluster, e.g. upstream_rq_total."""
+    text = envoy.stats_text(f"^cluster\\.vllm\\.{name}$")
+    for line in text.splitlines():
+        k, _, v = line.partition(": ")
+        if k.strip() == f"cluster.vllm.{name}":
+            return int(v)
+    return 0
+
+
+# --- requests ------------------------------------------------------------------------------
+class Reply:
+    def __init__(self, resp: httpx.Response, delta: Dict[str, int], sent: dict, raw: bytes):
+        self.resp = resp
+        self.delta = delta
+        self.sent = sent
+        self.raw = raw          # the bytes sent to Envoy
+        self._json = None
+
+    @property
+    def status(self) -> int:
+        return self.resp.status_code
+
+    def h(self, name: str) -> Optional[str]:
+        return self.resp.headers.get(name)
+
+    @property
+    def action(self):
+        return self.h("x-incontext-action")
+
+    @property
+    def source(self):
+        return self.h("x-incontext-source")
+
+    @property
+    def prompt_tokens_header(self) -> Optional[int]:
+        v = self.h("x-incontext-prompt-tokens")
+        return int(v) if v is not None else None
+
+    @property
+    def max_tokens_header(self) -> Optional[int]:
+        v = self.h("x-incontext-max-tokens")
+        return int(v) if v is not None else None
+
+    def json(self):
+        if self._json is None:
+            self._json = self.resp.json()
+        return self._json
+
+    @property
+    def usage(self) -> dict:
+        if self.sent.get("stream"):
+            return stream_usage(self.resp.text)
+        return self.json()["usage"]
+
+    def describe(self) -> str:
+        hs = {k: v for k, v in self.resp.headers.items() if k.startswith("x-incontext")}
+        return (f"HTTP {self.status} {hs} counters={self.delta} "
+                f"body={self.resp.text[:300]!r}")
+
+
+def stream_usage(text: str) -> dict:
+    """The usage object of an SSE stream with stream_options.include_usage."""
+    usage = None
+    for line in text.splitlines():
+        if line.startswith("data: ") and line[6:].strip() != "[DONE]":
+            chunk = json.loads(line[6:])
+            if chunk.get("usage"):
+                usage = chunk["usage"]
+    if usage is None:
+        raise AssertionError(f"no usage in the stream: {text[-300:]!r}")
+    return usage
+
+
+class Client:
+    """Sends requests through one Envoy and reports the incontext counter deltas."""
+
+    def __init__(self, envoy: Envoy):
+        self.envoy = envoy
+        self.http = httpx.Client(base_url=envoy.url, timeout=180.0)
+
+    def close(self):
+        self.http.close()
+
+    def get(self, path: str) -> httpx.Response:
+        return self.http.get(path)
+
+    def post(self, body, path="/v1/chat/completions", *, ensure_ascii=False) -> Reply:
+        raw = json.dumps(body, ensure_ascii=ensure_ascii).encode("utf-8")
+        before = self.envoy.counters()
+        resp = self.http.post(path, content=raw, headers={"content-type": "application/json"})
+        after = self.envoy.counters()
+        delta = {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
+        return Reply(resp, delta, body, raw)
+
+
+def direct_post(vllm: Vllm, body: dict, path="/v1/chat/completions") -> httpx.Response:
+    return httpx.post(vllm.url + path, json=body, timeout=180.0)
+
+
+# --- prompt sizing -------------------------------------------------------------------------
+FILLER = " a"   # one Qwen3 token per repetition (checked by fit_messages)
+
+
+def fit_messages(vllm: Vllm, target: int, build) -> Tuple[list, int]:
+    """Messages whose chat prompt is exactly ``target`` tokens: ``build(filler_text)`` returns
+    the messages with the filler placed somewhere; the filler length is found with vLLM's own
+    /tokenize."""
+    base = vllm.count_chat(build(""))
+    if base > target:
+        raise StackError(f"the prompt without filler has {base} tokens > {target}")
+    n = target - base
+    for _ in range(8):
+        msgs = build(FILLER * n)
+        got = vllm.count_chat(msgs)
+        if got == target:
+            return msgs, got
+        n += target - got
+        if n < 0:
+            break
+    raise StackError(f"could not size a prompt to {target} tokens (last {got})")

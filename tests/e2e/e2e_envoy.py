@@ -82,10 +82,14 @@ def shipped_plugin_config() -> dict:
 
 
 def render(*, wasm_path: str, listen_port: int, admin_port: int, upstream: Tuple[str, int],
-           plugin_config, remove_filter: bool = False, extra_clusters: List[dict] = ()) -> dict:
+           plugin_config, remove_filter: bool = False, extra_clusters: List[dict] = (),
+           host_env_keys: List[str] = (), env_key_values: Optional[Dict[str, str]] = None) -> dict:
     """The shipped config with the test-run substitutions applied.
 
     ``plugin_config`` is a dict (dumped as JSON) or a str (used verbatim, for bad-JSON tests).
+    ``host_env_keys`` / ``env_key_values`` add ``vm_config.environment_variables`` (Envoy
+    process variables exposed to the VM, and literal ones), for tokenizer header values given
+    as ``{"env": "VAR"}``.
     """
     cfg = copy.deepcopy(load_shipped())
     cfg["admin"]["address"]["socket_address"].update(address="127.0.0.1", port_value=admin_port)
@@ -105,6 +109,12 @@ def render(*, wasm_path: str, listen_port: int, admin_port: int, upstream: Tuple
         pc["vm_config"]["code"]["local"]["filename"] = wasm_path
         value = plugin_config if isinstance(plugin_config, str) else json.dumps(plugin_config)
         pc["configuration"]["value"] = value
+        if host_env_keys or env_key_values:
+            ev = pc["vm_config"].setdefault("environment_variables", {})
+            if host_env_keys:
+                ev["host_env_keys"] = list(host_env_keys)
+            if env_key_values:
+                ev["key_values"] = dict(env_key_values)
     return cfg
 
 
@@ -124,8 +134,15 @@ class Envoy:
     """One running Envoy with one plugin configuration."""
 
     def __init__(self, binary: str, workdir: Path, plugin_config, upstream: Tuple[str, int],
-                 remove_filter: bool = False, extra_clusters: List[dict] = (), name="envoy"):
+                 remove_filter: bool = False, extra_clusters: List[dict] = (), name="envoy",
+                 host_env_keys: List[str] = (), env_key_values: Optional[Dict[str, str]] = None,
+                 env: Optional[Dict[str, str]] = None,
+                 log_args: Tuple[str, ...] = ("-l", "info", "--component-log-level", "wasm:debug")):
+        """``env``: extra environment variables of the Envoy process; ``log_args``: Envoy's
+        log level arguments (default: info, wasm at debug)."""
         self.binary = binary
+        self.env = env
+        self.log_args = tuple(log_args)
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.plugin_config = plugin_config
@@ -136,7 +153,8 @@ class Envoy:
         self.stdout_path = self.workdir / f"{name}.out"
         self.cfg = render(wasm_path=str(WASM), listen_port=self.port, admin_port=self.admin_port,
                           upstream=upstream, plugin_config=plugin_config,
-                          remove_filter=remove_filter, extra_clusters=extra_clusters)
+                          remove_filter=remove_filter, extra_clusters=extra_clusters,
+                          host_env_keys=host_env_keys, env_key_values=env_key_values)
         self.config_path.write_text(yaml.safe_dump(self.cfg, sort_keys=False))
         self.proc: Optional[subprocess.Popen] = None
 
@@ -151,10 +169,10 @@ class Envoy:
     def start(self, timeout=60.0):
         out = open(self.stdout_path, "wb")
         self.proc = subprocess.Popen(
-            [self.binary, "-c", str(self.config_path), "--concurrency", "2", "-l", "info",
-             "--component-log-level", "wasm:debug", "--log-path", str(self.log_path),
-             "--disable-hot-restart", "--drain-time-s", "1"],
-            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            [self.binary, "-c", str(self.config_path), "--concurrency", "2", *self.log_args,
+             "--log-path", str(self.log_path), "--disable-hot-restart", "--drain-time-s", "1"],
+            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env=None if self.env is None else {**os.environ, **self.env})
         out.close()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -213,6 +231,47 @@ class Envoy:
                 out[m.group(1)] = int(m.group(2))
         return out
 
+    def wasm_stats(self) -> Dict[str, int]:
+        """Envoy's own wasm stats (not the filter's counters), e.g.
+        ``wasm.envoy.wasm.runtime.v8.created`` / ``.active`` (VMs made / alive),
+        ``wasm.incontext.vm_reload`` / ``_success`` / ``_failure`` / ``_backoff`` (VMs
+        replaced after a failure, failure_policy FAIL_RELOAD), ``wasm.wasm_vm_count``."""
+        out = {}
+        for line in self.stats_text("wasm").splitlines():
+            m = re.match(r"^(wasm\.\S+): (\d+)$", line.strip())
+            if m:
+                out[m.group(1)] = int(m.group(2))
+        return out
+
+    def vm_failures(self, baseline: Optional[Dict[str, int]] = None) -> List[str]:
+        """Signs that a wasm VM failed or was replaced: non-zero ``vm_reload*`` stats, and
+        (given a ``baseline`` from ``wasm_stats()``) VMs created or lost since then."""
+        now = self.wasm_stats()
+        bad = [f"{k} = {v}" for k, v in now.items() if ".vm_reload" in k and v]
+        if baseline is not None:
+            for k in ("wasm.envoy.wasm.runtime.v8.created", "wasm.envoy.wasm.runtime.v8.active",
+                      "wasm.wasm_vm_count"):
+                if now.get(k) != baseline.get(k):
+                    bad.append(f"{k}: {baseline.get(k)} -> {now.get(k)}")
+        return bad
+
+    def memory(self) -> Dict[str, int]:
+        """Envoy's ``/memory`` (tcmalloc; bytes) plus the process RSS (``rss``), which also
+        covers the wasm VMs' linear memory."""
+        status, body = _http_get(f"{self.admin}/memory")
+        if status != 200:
+            raise EnvoyError(f"/memory answered {status}")
+        out = {k: int(v) for k, v in json.loads(body).items() if str(v).isdigit()}
+        out["rss"] = 0
+        try:
+            with open(f"/proc/{self.proc.pid}/status") as f:
+                for line in f:
+                    if line.startswith("VmRSS:"):
+                        out["rss"] = int(line.split()[1]) * 1024
+        except OSError:
+            pass
+        return out
+
     def prometheus(self) -> str:
         status, body = _http_get(f"{self.admin}/stats/prometheus")
         if status != 200:
@@ -221,19 +280,25 @@ class Envoy:
 
 
 def validate(binary: str, workdir: Path, plugin_config, upstream=("127.0.0.1", 9),
-             name="validate", timeout=120) -> Tuple[int, str]:
-    """``envoy --mode validate`` on the rendered config. Returns (exit code, all output)."""
+             name="validate", timeout=120, host_env_keys: List[str] = (),
+             env_key_values: Optional[Dict[str, str]] = None,
+             env: Optional[Dict[str, str]] = None) -> Tuple[int, str]:
+    """``envoy --mode validate`` on the rendered config. Returns (exit code, all output).
+
+    ``env`` adds variables to the Envoy process environment (see ``render`` for the others)."""
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     cfg = render(wasm_path=str(WASM), listen_port=free_port(), admin_port=free_port(),
-                 upstream=upstream, plugin_config=plugin_config, remove_filter=no_filter())
+                 upstream=upstream, plugin_config=plugin_config, remove_filter=no_filter(),
+                 host_env_keys=host_env_keys, env_key_values=env_key_values)
     path = workdir / f"{name}.yaml"
     log = workdir / f"{name}.log"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     proc = subprocess.run(
         [binary, "--mode", "validate", "-c", str(path), "-l", "info",
          "--component-log-level", "wasm:debug", "--log-path", str(log), "--disable-hot-restart"],
-        capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL,
+        env=None if env is None else {**os.environ, **env})
     text = proc.stdout.decode("utf-8", "replace") + proc.stderr.decode("utf-8", "replace")
     if log.exists():
         text += log.read_text(encoding="utf-8", errors="replace")

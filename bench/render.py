@@ -1,0 +1,117 @@
+#!/usr/bin/env python3
+"""Renders the three Envoy configs of a bench run from envoy/envoy.yaml.
+
+    render.py OUTDIR WASM UPSTREAM_PORT FILTER_PORT NOFILTER_PORT ADMIN_BASE [EXTRA_PLUGIN_JSON]
+
+  upstream.yaml  the fast upstream: POST /tokenize -> {"count":1000,"max_model_len":32768},
+                 anything else -> a small chat completion JSON (direct responses; a buffer
+                 filter first, so the whole request body is read before answering and the
+                 HTTP/1.1 connection stays reusable). Admin on ADMIN_BASE.
+  filter.yaml    envoy/envoy.yaml as shipped, with only the run-specific changes: loopback
+                 listener and admin addresses, the `vllm` cluster pointed at the upstream, the
+                 wasm path, and `context_length: 32768` (plus EXTRA_PLUGIN_JSON, a JSON object
+                 merged into the plugin configuration). Admin on ADMIN_BASE+1.
+  nofilter.yaml  the same config without the wasm filter (buffer filter and router kept).
+                 Admin on ADMIN_BASE+2.
+"""
+
+import copy
+import json
+import os
+import sys
+
+import yaml
+
+WASM_FILTER = "envoy.filters.http.wasm"
+TOKENIZE_REPLY = '{"count":1000,"max_model_len":32768}'
+CHAT_REPLY = ('{"id":"chatcmpl-bench","object":"chat.completion","model":"qwen3-coder",'
+              '"choices":[{"index":0,"message":{"role":"assistant","content":"ok"},'
+              '"finish_reason":"stop"}],"usage":{"prompt_tokens":1000,"completion_tokens":1,'
+              '"total_tokens":1001}}')
+LIMIT = 16 * 1024 * 1024
+
+
+def hcm(cfg):
+    for f in cfg["static_resources"]["listeners"][0]["filter_chains"][0]["filters"]:
+        if f["name"] == "envoy.filters.network.http_connection_manager":
+            return f["typed_config"]
+    raise KeyError("no http_connection_manager in envoy/envoy.yaml")
+
+
+def proxy(shipped, wasm, port, admin, upstream_port, extra, with_filter):
+    cfg = copy.deepcopy(shipped)
+    cfg["admin"]["address"]["socket_address"].update(address="127.0.0.1", port_value=admin)
+    listener = cfg["static_resources"]["listeners"][0]
+    listener["address"]["socket_address"].update(address="127.0.0.1", port_value=port)
+    vllm = next(c for c in cfg["static_resources"]["clusters"] if c["name"] == "vllm")
+    sa = vllm["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"][
+        "socket_address"]
+    sa.update(address="127.0.0.1", port_value=upstream_port)
+    h = hcm(cfg)
+    if with_filter:
+        wf = next(f for f in h["http_filters"] if f["name"] == WASM_FILTER)
+        conf = wf["typed_config"]["config"]
+        conf["vm_config"]["code"]["local"]["filename"] = wasm
+        plugin = json.loads(conf["configuration"]["value"])
+        plugin["context_length"] = 32768
+        plugin.update(extra)
+        conf["configuration"]["value"] = json.dumps(plugin)
+    else:
+        h["http_filters"] = [f for f in h["http_filters"] if f["name"] != WASM_FILTER]
+    return cfg
+
+
+def upstream(port, admin):
+    def direct(body):
+        return {"status": 200, "body": {"inline_string": body}}
+
+    json_header = [{"header": {"key": "content-type", "value": "application/json"}}]
+    return {
+        "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": admin}}},
+        "static_resources": {"listeners": [{
+            "name": "upstream",
+            "address": {"socket_address": {"address": "127.0.0.1", "port_value": port}},
+            "per_connection_buffer_limit_bytes": LIMIT,
+            "filter_chains": [{"filters": [{
+                "name": "envoy.filters.network.http_connection_manager",
+                "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.filters.network."
+                             "http_connection_manager.v3.HttpConnectionManager",
+                    "stat_prefix": "upstream",
+                    "route_config": {"virtual_hosts": [{
+                        "name": "all", "domains": ["*"],
+                        "response_headers_to_add": json_header,
+                        "routes": [
+                            {"match": {"path": "/tokenize"}, "direct_response": direct(TOKENIZE_REPLY)},
+                            {"match": {"prefix": "/"}, "direct_response": direct(CHAT_REPLY)},
+                        ]}]},
+                    "http_filters": [
+                        {"name": "envoy.filters.http.buffer", "typed_config": {
+                            "@type": "type.googleapis.com/envoy.extensions.filters.http.buffer.v3.Buffer",
+                            "max_request_bytes": LIMIT}},
+                        {"name": "envoy.filters.http.router", "typed_config": {
+                            "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}},
+                    ]}}]}]}]},
+    }
+
+
+def main():
+    outdir, wasm = sys.argv[1], sys.argv[2]
+    up, fport, nport, admin = (int(x) for x in sys.argv[3:7])
+    extra = json.loads(sys.argv[7]) if len(sys.argv) > 7 and sys.argv[7] else {}
+    config = os.environ.get("BENCH_ENVOY_CONFIG") or os.path.join(
+        os.path.dirname(os.path.abspath(__file__)), "..", "envoy", "envoy.yaml")
+    with open(config, encoding="utf-8") as f:
+        shipped = yaml.safe_load(f)
+    out = {
+        "upstream": upstream(up, admin),
+        "filter": proxy(shipped, wasm, fport, admin + 1, up, extra, True),
+        "nofilter": proxy(shipped, wasm, nport, admin + 2, up, extra, False),
+    }
+    for name, cfg in out.items():
+        with open(f"{outdir}/{name}.yaml", "w", encoding="utf-8") as f:
+            yaml.safe_dump(cfg, f, sort_keys=False)
+
+
+if __name__ == "__main__":
+    main()

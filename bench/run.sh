@@ -1,0 +1,276 @@
+#!/usr/bin/env bash
+# incontext performance bench: Envoy WITH the filter vs the SAME Envoy WITHOUT it, in one run.
+#
+#   bench/run.sh              full run: throughput/latency tables + 100k-request memory soak,
+#                             printed and written to bench/results.md (~8 min)
+#   bench/run.sh bench        only the tables
+#   bench/run.sh soak         only the memory soak (same as bench/soak-memory.sh)
+#   BENCH_DURATION=2s BENCH_SOAK_REQUESTS=20000 bench/run.sh     quick CI variant (~2.5 min)
+#
+# What runs (all on 127.0.0.1):
+#   upstream  a second Envoy answering with direct responses: POST /tokenize ->
+#             {"count":1000,"max_model_len":32768}, anything else -> a small chat completion.
+#   filter    envoy/envoy.yaml with only addresses, the wasm path and context_length: 32768
+#             changed (bench/render.py), the `vllm` cluster pointed at the upstream.
+#   nofilter  the same config without the wasm filter (buffer filter + router kept).
+# Both proxies run with --concurrency 2. wrk (Debian package; installed if missing) drives one
+# proxy at a time, 16 connections, 2 threads. Each point gets a warm-up per variant, then
+# BENCH_DURATION per variant split into BENCH_ROUNDS interleaved rounds (no-filter, filter,
+# filter, no-filter, ...), so drifting background load hits both variants alike; the report
+# gives total rps, the median of the per-round ratios (with their range) and median latencies.
+# CPU pinning: none by default. On 2 cores every process (2 proxy workers, 2 wrk threads, the
+# upstream) is CPU-bound, so a split (proxy on one CPU, wrk + upstream on the other) only
+# halves the proxy's CPU and skews its two workers; BENCH_CPUS_* allow trying it.
+#
+# Modes (bodies from bench/bodies.py: system prompt + tools + multi-turn agent conversation):
+#   hit   the same chat body every time: the filter scans, hashes, hits its cache, splices
+#   miss  a unique id in the first user message per request: the filter misses, builds the
+#         /tokenize payload, calls the upstream's /tokenize, stores, splices
+#   pass  the same content under "input" (no messages/prompt): scanned, left unchanged (shape)
+#   get   GET without a body: left unchanged at the headers (method)
+#
+# Environment (defaults in brackets):
+#   BENCH_DURATION [10s, whole seconds]  BENCH_ROUNDS [5]  BENCH_WARMUP [1s]  BENCH_CONNECTIONS [16]  BENCH_THREADS [2]
+#   BENCH_SIZES ["2048 32768 409600 1572864"]  BENCH_MODES ["hit miss pass get"]
+#   BENCH_LATENCY_MODES ["hit get"] at BENCH_LATENCY_CONNECTIONS [1]: a second, unloaded pass
+#     (1 connection: no queueing, so added p50 is the filter's own per-request latency;
+#     at 16 connections the proxies are saturated and p50 is mostly queueing, ~16/rps)
+#   BENCH_SOAK_REQUESTS [100000]  BENCH_SOAK_SIZE [2048]  BENCH_SOAK_CHUNK [5s]
+#   BENCH_PORT_BASE [18180]: ports BASE..BASE+2 (listeners) and BASE+10..BASE+12 (admin)
+#   BENCH_CPUS_PROXY / BENCH_CPUS_UPSTREAM / BENCH_CPUS_WRK: taskset -c lists [unpinned]
+#   BENCH_WASM: use this .wasm instead of building target/wasm32-wasip1/release/incontext.wasm
+#   BENCH_PLUGIN_JSON: a JSON object merged into the plugin configuration, e.g.
+#     '{"response_headers": false}' (context_length is always 32768)
+#   BENCH_OUT [bench/results.md]   BENCH_KEEP=1 keeps the work directory (configs, logs)
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+BENCH="$ROOT/bench"
+WHAT="${1:-all}"
+case "$WHAT" in all|bench|soak) ;; *) echo "usage: $0 [all|bench|soak]" >&2; exit 2;; esac
+
+DURATION="${BENCH_DURATION:-10s}"
+ROUNDS="${BENCH_ROUNDS:-5}"
+D_S="${DURATION%s}"; [[ "$D_S" =~ ^[0-9]+$ ]] || { echo "BENCH_DURATION must be whole seconds, e.g. 10s" >&2; exit 2; }
+[ "$ROUNDS" -le "$D_S" ] || ROUNDS=$D_S
+ROUND_S=$((D_S / ROUNDS))
+WARMUP="${BENCH_WARMUP:-1s}"
+CONNS="${BENCH_CONNECTIONS:-16}"
+THREADS="${BENCH_THREADS:-2}"
+SIZES="${BENCH_SIZES:-2048 32768 409600 1572864}"
+MODES="${BENCH_MODES-hit miss pass get}"          # empty: no 16-connection pass
+LAT_CONNS="${BENCH_LATENCY_CONNECTIONS:-1}"      # a second pass, unloaded: per-request latency
+LAT_MODES="${BENCH_LATENCY_MODES-hit get}"       # empty: no latency pass
+[ -n "$LAT_MODES" ] || LAT_CONNS=""
+SOAK_REQUESTS="${BENCH_SOAK_REQUESTS:-100000}"
+SOAK_SIZE="${BENCH_SOAK_SIZE:-2048}"
+SOAK_CHUNK="${BENCH_SOAK_CHUNK:-5s}"
+BASE="${BENCH_PORT_BASE:-18180}"
+OUT="${BENCH_OUT:-$BENCH/results.md}"
+UP_PORT=$BASE; F_PORT=$((BASE + 1)); N_PORT=$((BASE + 2))
+ADMIN=$((BASE + 10)); F_ADMIN=$((ADMIN + 1)); N_ADMIN=$((ADMIN + 2))
+
+say() { printf '==> %s\n' "$*" >&2; }
+die() { printf 'bench: %s\n' "$*" >&2; exit 1; }
+
+# --- tools -----------------------------------------------------------------------------------
+if ! command -v wrk >/dev/null 2>&1; then
+  say "installing wrk (apt-get)"
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+  $SUDO apt-get install -y wrk >/dev/null 2>&1 || { $SUDO apt-get update >/dev/null && $SUDO apt-get install -y wrk >/dev/null; }
+fi
+ENVOY="$("$ROOT/scripts/envoy-path.sh")" || die "no Envoy: run scripts/setup.sh"
+PY="$ROOT/.venv/bin/python"; [ -x "$PY" ] || PY=python3
+"$PY" -c 'import yaml' 2>/dev/null || die "$PY has no PyYAML: run scripts/setup.sh"
+
+WORK="$(mktemp -d /tmp/incontext-bench.XXXXXX)"
+PIDS=()
+cleanup() {
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
+  if [ "${BENCH_KEEP:-0}" = 1 ]; then say "work directory kept: $WORK"; else rm -rf "$WORK"; fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+if [ -n "${BENCH_WASM:-}" ]; then
+  SRC_WASM="$BENCH_WASM"
+else
+  say "cargo build --release --target wasm32-wasip1"
+  (cd "$ROOT" && cargo build --release --target wasm32-wasip1 -q) || die "build failed"
+  SRC_WASM="$ROOT/target/wasm32-wasip1/release/incontext.wasm"
+fi
+[ -f "$SRC_WASM" ] || die "no wasm at $SRC_WASM"
+cp "$SRC_WASM" "$WORK/incontext.wasm"   # a private copy: a rebuild during the run changes nothing
+
+for p in $UP_PORT $F_PORT $N_PORT $ADMIN $F_ADMIN $N_ADMIN; do
+  if (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
+    die "port $p is in use: set BENCH_PORT_BASE"
+  fi
+done
+
+say "rendering configs and bodies in $WORK"
+"$PY" "$BENCH/render.py" "$WORK" "$WORK/incontext.wasm" "$UP_PORT" "$F_PORT" "$N_PORT" "$ADMIN" "${BENCH_PLUGIN_JSON:-}"
+SOAK_SIZES="$SIZES"; [[ " $SIZES " == *" $SOAK_SIZE "* ]] || SOAK_SIZES="$SIZES $SOAK_SIZE"
+"$PY" "$BENCH/bodies.py" "$WORK" $SOAK_SIZES
+
+pin() { if [ -n "$1" ]; then echo "taskset -c $1"; fi; }
+declare -A PID_OF
+start_envoy() { # name concurrency cpus admin_port
+  local name=$1 conc=$2 cpus=$3 admin=$4
+  $(pin "$cpus") "$ENVOY" -c "$WORK/$name.yaml" --concurrency "$conc" --disable-hot-restart \
+    -l warn --log-path "$WORK/$name.log" >"$WORK/$name.out" 2>&1 </dev/null &
+  local pid=$!
+  PIDS+=("$pid"); PID_OF[$name]=$pid
+  for _ in $(seq 1 300); do
+    kill -0 "$pid" 2>/dev/null || { tail -20 "$WORK/$name.log" "$WORK/$name.out" >&2; die "$name envoy exited"; }
+    if curl -sf "http://127.0.0.1:$admin/ready" 2>/dev/null | grep -q LIVE; then return 0; fi
+    sleep 0.1
+  done
+  die "$name envoy not ready after 30 s"
+}
+stop_envoy() { # name
+  local pid=${PID_OF[$1]} keep=() p
+  kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true
+  for p in "${PIDS[@]}"; do [ "$p" = "$pid" ] || keep+=("$p"); done
+  PIDS=("${keep[@]}")
+}
+
+counters() { # admin port -> "name=value ..." of the incontext counters
+  curl -sf "http://127.0.0.1:$1/stats?filter=^wasmcustom\.incontext_" \
+    | sed -n 's/^wasmcustom\.\(incontext_[a-z_]*\): \([0-9]*\)$/\1=\2/p' | tr '\n' ' '
+}
+memsnap() { # name admin label
+  "$PY" "$BENCH/memstat.py" "${PID_OF[$1]}" "$2" "$3" | sed "s/^{/{\"envoy\": \"$1\", /" >>"$WORK/memory.jsonl"
+}
+
+# wrk_run port mode size duration nonce -> the BENCH line on stdout
+wrk_run() {
+  local port=$1 mode=$2 size=$3 dur=$4 nonce=$5 conns=${6:-$CONNS}
+  local threads=$THREADS; [ "$conns" -ge "$threads" ] || threads=$conns
+  local body="" method=POST unique=0 path=/v1/chat/completions
+  case $mode in
+    hit) body="$WORK/chat-$size.json" ;;
+    miss) body="$WORK/chat-$size.json"; unique=1 ;;
+    pass) body="$WORK/input-$size.json" ;;
+    get) method=GET; path=/v1/models ;;
+  esac
+  BENCH_BODY="$body" BENCH_METHOD=$method BENCH_UNIQUE=$unique BENCH_NONCE="$nonce" BENCH_PATH=$path \
+    $(pin "${BENCH_CPUS_WRK:-}") wrk -t"$threads" -c"$conns" -d"$dur" --timeout 30s \
+    -s "$BENCH/bench.lua" "http://127.0.0.1:$port$path" 2>&1 | grep '^BENCH ' || echo "BENCH failed"
+}
+
+RUN_ID="$(date +%s)-$$"
+meta() {
+  local wasm_size; wasm_size=$(stat -c %s "$WORK/incontext.wasm")
+  "$PY" - "$WORK/meta.json" <<EOF
+import json, sys
+json.dump({
+  "date": "$(date -u '+%Y-%m-%d %H:%M UTC')",
+  "nproc": "$(nproc)",
+  "cpu": "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')",
+  "mem": "$(awk '/MemTotal/{printf "%.1f GiB", $2/1048576}' /proc/meminfo)",
+  "kernel": "$(uname -r)",
+  "envoy": "$("$ENVOY" --version | sed -n 's/.*version: \([^ ]*\).*/\1/p' | head -1)",
+  "wrk": "$(wrk -v 2>&1 | head -1 | cut -d' ' -f1-2)",
+  "wasm_size": $wasm_size,
+  "wasm_src": "$SRC_WASM",
+  "commit": "$(cd "$ROOT" && git rev-parse --short HEAD 2>/dev/null || echo unknown)",
+  "duration": "$DURATION", "rounds": $ROUNDS, "round_s": $ROUND_S, "warmup": "$WARMUP", "connections": $CONNS, "threads": $THREADS,
+  "cpus_proxy": "${BENCH_CPUS_PROXY:-}", "cpus_upstream": "${BENCH_CPUS_UPSTREAM:-}",
+  "cpus_wrk": "${BENCH_CPUS_WRK:-}", "plugin_json": json.loads('''${BENCH_PLUGIN_JSON:-null}'''),
+  "load_start": "$LOAD_START", "load_end": "$(cut -d' ' -f1-3 /proc/loadavg)",
+  "soak_requests": $SOAK_REQUESTS, "soak_size": $SOAK_SIZE, "soak_chunk": "$SOAK_CHUNK", "what": "$WHAT",
+}, open(sys.argv[1], "w"))
+EOF
+}
+LOAD_START="$(cut -d' ' -f1-3 /proc/loadavg)"
+
+say "starting upstream, filter and no-filter Envoys ($ENVOY)"
+start_envoy upstream 2 "${BENCH_CPUS_UPSTREAM:-}" "$ADMIN"
+start_envoy filter 2 "${BENCH_CPUS_PROXY:-}" "$F_ADMIN"
+start_envoy nofilter 2 "${BENCH_CPUS_PROXY:-}" "$N_ADMIN"
+
+# Sanity: the filter rewrites a chat body and the no-filter Envoy answers.
+sed 's/@@UNIQ@@/sanity/' "$WORK/chat-${SIZES%% *}.json" >"$WORK/sanity.json"
+rewritten() { counters $F_ADMIN | tr ' ' '\n' | sed -n 's/^incontext_rewritten=//p'; }
+r0=$(rewritten)
+curl -sf -o /dev/null -H 'content-type: application/json' --data-binary @"$WORK/sanity.json" \
+  "http://127.0.0.1:$F_PORT/v1/chat/completions" || die "filter sanity request failed"
+[ "$(rewritten)" = $((r0 + 1)) ] || die "filter sanity check: the request was not rewritten (see $WORK/filter.log)"
+curl -sf -o /dev/null -H 'content-type: application/json' --data-binary @"$WORK/sanity.json" \
+  "http://127.0.0.1:$N_PORT/v1/chat/completions" || die "no-filter sanity request failed"
+
+memsnap filter $F_ADMIN start
+memsnap nofilter $N_ADMIN start
+
+# CPU time (ns) used so far by a process, all threads including exited ones (utime + stime
+# from /proc/PID/stat, in clock ticks): the proxies' own CPU per request, which background
+# load on a shared machine moves much less than it moves rps.
+TICK_NS=$((1000000000 / $(getconf CLK_TCK)))
+cpu_ns() { awk -v t=$TICK_NS '{sub(/^.*\) /, ""); printf "%.0f", ($12 + $13) * t}' /proc/"$1"/stat; }
+
+# run_point i mode size conns: warm-up, then ROUNDS interleaved rounds of both variants.
+run_point() {
+  local i=$1 mode=$2 size=$3 conns=$4 r order variant port line before after pid c0 c1
+  wrk_run $N_PORT $mode $size "$WARMUP" "w$RUN_ID-$i-n" $conns >/dev/null
+  wrk_run $F_PORT $mode $size "$WARMUP" "w$RUN_ID-$i-f" $conns >/dev/null
+  before=$(counters $F_ADMIN)
+  for r in $(seq 1 $ROUNDS); do
+    order="nofilter filter"; [ $(((i + r) % 2)) = 0 ] && order="filter nofilter"
+    for variant in $order; do
+      if [ $variant = filter ]; then port=$F_PORT; else port=$N_PORT; fi
+      pid=${PID_OF[$variant]}
+      c0=$(cpu_ns $pid)
+      line=$(wrk_run $port $mode $size "${ROUND_S}s" "m$RUN_ID-$i-$r-$variant" $conns)
+      c1=$(cpu_ns $pid)
+      printf '%s\t%s\t%s\t%s\t%s\t%s cpu_ns=%s\n' "$mode" "$size" "$conns" "$variant" "$r" "$line" $((c1 - c0)) >>"$WORK/points.tsv"
+      say "[$i/$total] $mode $size c$conns round $r/$ROUNDS $variant: $(sed 's/ p90_us.*//;s/BENCH //' <<<"$line")"
+    done
+  done
+  after=$(counters $F_ADMIN)
+  printf '%s\t%s\t%s\t%s\t%s\n' "$mode" "$size" "$conns" "$before" "$after" >>"$WORK/counters.tsv"
+}
+
+if [ "$WHAT" != soak ]; then
+  POINTS=()
+  for conns in $CONNS $LAT_CONNS; do
+    modes="$MODES"; [ "$conns" = "$CONNS" ] || modes="$LAT_MODES"
+    for mode in $modes; do
+      sizes="$SIZES"; [ "$mode" = get ] && sizes=0
+      for size in $sizes; do POINTS+=("$mode $size $conns"); done
+    done
+  done
+  total=${#POINTS[@]}; i=0
+  for pt in "${POINTS[@]}"; do
+    i=$((i + 1))
+    run_point $i $pt
+  done
+  memsnap filter $F_ADMIN "after bench"
+  memsnap nofilter $N_ADMIN "after bench"
+fi
+
+if [ "$WHAT" != bench ]; then
+  # A fresh filter Envoy, so the soak starts from a clean VM; cache_entries as shipped.
+  say "soak: $SOAK_REQUESTS cache-miss requests of $SOAK_SIZE bytes (fresh filter Envoy)"
+  stop_envoy filter
+  start_envoy filter 2 "${BENCH_CPUS_PROXY:-}" "$F_ADMIN"
+  wrk_run $F_PORT miss $SOAK_SIZE 2s "s$RUN_ID-warm" >/dev/null
+  base=$(counters $F_ADMIN | tr ' ' '\n' | sed -n 's/^incontext_requests=//p')
+  memsnap filter $F_ADMIN "soak 0"
+  n=0; chunk=0
+  while [ "$n" -lt "$SOAK_REQUESTS" ]; do
+    chunk=$((chunk + 1))
+    line=$(wrk_run $F_PORT miss $SOAK_SIZE "$SOAK_CHUNK" "s$RUN_ID-$chunk")
+    now=$(counters $F_ADMIN | tr ' ' '\n' | sed -n 's/^incontext_requests=//p')
+    n=$((now - base))
+    memsnap filter $F_ADMIN "soak $n"
+    printf '%s\t%s\n' "$n" "$line" >>"$WORK/soak.tsv"
+    say "soak: $n requests ($(sed 's/ p90_us.*//;s/BENCH //' <<<"$line"))"
+  done
+  counters $F_ADMIN >"$WORK/soak-counters.txt"
+fi
+
+meta
+"$PY" "$BENCH/report.py" "$WORK" "$OUT"
+say "written: $OUT"

@@ -181,7 +181,7 @@ fn write_template_kwargs(req: &Request, body: &[u8], out: &mut Vec<u8>) -> Optio
 pub fn payload(req: &Request, body: &[u8]) -> Option<Vec<u8>> {
     let f = &req.fields;
     let mut out = Vec::with_capacity(
-        req.raw(body, f.messages.or(f.prompt))
+        req.raw_bytes(body, f.messages.or(f.prompt))
             .map_or(64, |m| m.len() + 256),
     );
     out.push(b'{');

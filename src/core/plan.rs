@@ -4,7 +4,7 @@
 use super::config::{Config, OnInsufficient};
 use super::reason::Reason;
 use super::request::Request;
-use super::rewrite::splice;
+use super::rewrite::{splice_edit, Edit};
 use super::rule::{decide as rule, Inputs, Verdict};
 
 /// Where P came from (the `x-incontext-source` header).
@@ -37,8 +37,9 @@ pub struct Count {
 /// What to do with the request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
+    /// Replace the head of the body: `edit.apply(body)` is the whole new body.
     Rewrite {
-        body: Vec<u8>,
+        edit: Edit,
         value: u64,
     },
     Unchanged(Reason),
@@ -118,10 +119,8 @@ pub fn decide(
     let outcome = match rule(&inputs) {
         Verdict::Rewrite(value) => {
             let (target, field) = req.target();
-            Outcome::Rewrite {
-                body: splice(body, &req.members, &req.cap_members, target, field, value),
-                value,
-            }
+            let edit = splice_edit(body, &req.members, &req.cap_members, target, field, value);
+            Outcome::Rewrite { edit, value }
         }
         Verdict::Insufficient { value, required } => {
             if exact && config.on_insufficient == OnInsufficient::Reject {
@@ -184,9 +183,12 @@ mod tests {
         )
     }
 
-    fn rewritten(d: &Decision) -> (Value, u64) {
+    fn rewritten(body: &str, d: &Decision) -> (Value, u64) {
         match &d.outcome {
-            Outcome::Rewrite { body, value } => (serde_json::from_slice(body).unwrap(), *value),
+            Outcome::Rewrite { edit, value } => (
+                serde_json::from_slice(&edit.apply(body.as_bytes())).unwrap(),
+                *value,
+            ),
             other => panic!("not rewritten: {other:?}"),
         }
     }
@@ -197,7 +199,10 @@ mod tests {
     #[test]
     fn exact_rewrite_and_boundary() {
         let c = cfg(r#","context_length":32768"#);
-        let (v, value) = rewritten(&run(&c, CHAT, 32768 - 4096, Source::Exact, Some(32768)));
+        let (v, value) = rewritten(
+            CHAT,
+            &run(&c, CHAT, 32768 - 4096, Source::Exact, Some(32768)),
+        );
         assert_eq!(value, 4096);
         assert_eq!(v["max_tokens"], 4096);
         let d = run(&c, CHAT, 32768 - 4095, Source::Exact, Some(32768));
@@ -208,7 +213,7 @@ mod tests {
     #[test]
     fn estimate_uses_margin_and_never_rejects() {
         let c = cfg(r#","context_length":32768,"on_insufficient":"reject""#);
-        let (_, value) = rewritten(&run(&c, CHAT, 0, Source::Estimate, None));
+        let (_, value) = rewritten(CHAT, &run(&c, CHAT, 0, Source::Estimate, None));
         assert_eq!(value, 32768 - 1 - 1024);
         let d = run(&c, CHAT, 30000, Source::Estimate, None);
         assert_eq!(d.outcome, Outcome::Unchanged(Reason::Insufficient));
@@ -225,7 +230,7 @@ mod tests {
     #[test]
     fn learned_window() {
         let c = cfg(r#","min_output_tokens":100,"fallback_margin_tokens":10"#);
-        let (_, value) = rewritten(&run(&c, CHAT, 400, Source::Exact, Some(512)));
+        let (_, value) = rewritten(CHAT, &run(&c, CHAT, 400, Source::Exact, Some(512)));
         assert_eq!(value, 112);
         // estimate without any learned window: unchanged
         let d = run(&c, CHAT, 400, Source::Estimate, None);
@@ -241,6 +246,74 @@ mod tests {
         let body = r#"{"messages":[{"role":"user","content":"x"}],"truncate_prompt_tokens":900}"#;
         let d = run(&c, body, 5000, Source::Exact, Some(1000));
         assert_eq!(d.prompt, 900);
-        assert_eq!(rewritten(&d).1, 100);
+        assert_eq!(rewritten(body, &d).1, 100);
+    }
+}
+
+#[cfg(test)]
+mod properties {
+    use super::*;
+    use crate::core::request::analyze;
+    use crate::core::scan::scan;
+    use proptest::prelude::*;
+
+    fn member() -> impl Strategy<Value = (String, String)> {
+        let key = prop_oneof![
+            Just("max_tokens"),
+            Just("max_completion_tokens"),
+            Just("max_output_tokens"),
+            Just("model"),
+            Just("stream"),
+            Just("temperature"),
+        ];
+        let value = prop_oneof![
+            Just("5"),
+            Just("\"7\""),
+            Just("0"),
+            Just("null"),
+            Just("true"),
+            Just("1e400"),
+            Just("[1, {\"x\": \"y\"}]"),
+            Just("\"m\""),
+            Just("65536"),
+        ];
+        (key, value).prop_map(|(k, v)| (k.to_string(), v.to_string()))
+    }
+
+    proptest! {
+        /// Any mix of members around `messages`: the rewrite parses, has exactly one cap,
+        /// keeps every other member byte for byte and in order, and is idempotent.
+        #[test]
+        fn rewrite_keeps_everything_else(before in proptest::collection::vec(member(), 0..4),
+                                         after in proptest::collection::vec(member(), 0..4),
+                                         spaces in 0usize..3, tokens in 0u64..40_000) {
+            let ws = " ".repeat(spaces);
+            let mut parts: Vec<String> = before.iter().map(|(k, v)| format!("\"{k}\":{ws}{v}")).collect();
+            parts.push("\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]".to_string());
+            parts.extend(after.iter().map(|(k, v)| format!("\"{k}\":{ws}{v}")));
+            let body = format!("{{{ws}{}{ws}}}", parts.join(&format!(",{ws}")));
+            let config = Config::parse(br#"{"tokenizer":{"cluster":"v"},"context_length":32768,"min_output_tokens":10,"fallback_margin_tokens":0}"#).unwrap();
+            let req = analyze(body.as_bytes(), &config).unwrap();
+            let count = Count { tokens, source: Source::Exact, max_model_len: Some(32768) };
+            let d = decide(&req, body.as_bytes(), &config, count, None);
+            let Outcome::Rewrite { edit, value } = d.outcome else { return Ok(()) };
+            let out = edit.apply(body.as_bytes());
+            let _valid: &serde_json::value::RawValue = serde_json::from_slice(&out).unwrap();
+            let caps = ["max_tokens", "max_completion_tokens", "max_output_tokens"];
+            let out_members = scan(&out).unwrap();
+            let cap_members: Vec<_> = out_members.iter().filter(|m| caps.contains(&m.key.as_str())).collect();
+            prop_assert_eq!(cap_members.len(), 1);
+            let written = value.to_string();
+            prop_assert_eq!(&out[cap_members[0].value.clone()], written.as_bytes());
+            let others = |text: &[u8]| -> Vec<(String, Vec<u8>)> {
+                scan(text).unwrap().into_iter().filter(|m| !caps.contains(&m.key.as_str()))
+                    .map(|m| (m.key.clone(), text[m.value.clone()].to_vec())).collect()
+            };
+            prop_assert_eq!(others(body.as_bytes()), others(&out));
+            let req2 = analyze(&out, &config).unwrap();
+            let d2 = decide(&req2, &out, &config, count, None);
+            let Outcome::Rewrite { edit: edit2, .. } = d2.outcome else { panic!("second pass not rewritten") };
+            prop_assert_eq!(edit2.apply(&out), out);
+        }
     }
 }

@@ -5,7 +5,7 @@ use super::caps::{parse_cap, CapField};
 use super::config::Config;
 use super::estimate::estimate;
 use super::reason::Reason;
-use super::scan::{scan, Member, ScanError};
+use super::scan::{is_ws, scan, Member, ScanError};
 use serde_json::value::RawValue;
 
 /// Chat (`messages`) or completion (`prompt`).
@@ -70,6 +70,13 @@ pub struct Request {
     pub counting: Counting,
 }
 
+/// The raw bytes of a field (no UTF-8 check: for hashing and first-byte tests).
+fn raw_bytes<'a>(body: &'a [u8], members: &[Member], idx: Option<usize>) -> Option<&'a [u8]> {
+    body.get(members.get(idx?)?.value.clone())
+}
+
+/// The raw text of a field. Checks UTF-8 again (linear in its size): use `raw_bytes` where
+/// bytes do.
 fn raw<'a>(body: &'a [u8], members: &[Member], idx: Option<usize>) -> Option<&'a str> {
     let m = members.get(idx?)?;
     std::str::from_utf8(body.get(m.value.clone())?).ok()
@@ -117,9 +124,9 @@ pub fn analyze(body: &[u8], config: &Config) -> Result<Request, Reason> {
         *slot = Some(i);
     }
 
-    let messages = raw(body, &members, f.messages);
+    let messages = raw_bytes(body, &members, f.messages);
     let form = match (messages, f.prompt) {
-        (Some(m), _) if m.starts_with('[') => Form::Chat,
+        (Some(m), _) if m.starts_with(b"[") => Form::Chat,
         (None, Some(_)) => Form::Completion,
         _ => return Err(Reason::Shape),
     };
@@ -181,8 +188,9 @@ fn chat_counting(body: &[u8], members: &[Member], f: &Fields) -> Counting {
     if !is_null(raw(body, members, f.response_format)) {
         return Counting::Estimate;
     }
-    let tools = raw(body, members, f.tools).unwrap_or("null");
-    let has_tools = tools.starts_with('[') && !tools[1..].trim_start().starts_with(']');
+    let tools = raw_bytes(body, members, f.tools).unwrap_or(b"null");
+    let has_tools =
+        tools.starts_with(b"[") && tools[1..].iter().find(|b| !is_ws(**b)) != Some(&b']');
     if has_tools {
         let choice = raw(body, members, f.tool_choice);
         let auto = is_null(choice)
@@ -232,6 +240,11 @@ impl Request {
     /// The raw text of a field of this request.
     pub fn raw<'a>(&self, body: &'a [u8], idx: Option<usize>) -> Option<&'a str> {
         raw(body, &self.members, idx)
+    }
+
+    /// The raw bytes of a field of this request.
+    pub fn raw_bytes<'a>(&self, body: &'a [u8], idx: Option<usize>) -> Option<&'a [u8]> {
+        raw_bytes(body, &self.members, idx)
     }
 
     /// The rough estimate for this request (SPEC §7), at least 1.

@@ -3,19 +3,39 @@
 
 use super::scan::Member;
 
+/// A rewrite as an edit of the body's head: replace `body[..end]` by `prefix`; the rest of
+/// the body is unchanged. Envoy replaces a buffer's head without copying the rest
+/// (`proxy_set_buffer_bytes(0, end, prefix)` drains `end` bytes and prepends), so the cost
+/// is that of the head only.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Edit {
+    pub prefix: Vec<u8>,
+    pub end: usize,
+}
+
+impl Edit {
+    /// The whole rewritten body.
+    pub fn apply(&self, body: &[u8]) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.prefix.len() + body.len().saturating_sub(self.end));
+        out.extend_from_slice(&self.prefix);
+        out.extend_from_slice(body.get(self.end..).unwrap_or_default());
+        out
+    }
+}
+
 /// Rewrites `body` (a JSON object whose members are `members`): drops every member whose
 /// index is in `drop`, and writes `"field":value` — in place of member `target` when given
-/// (keeping its key text and spacing when the name is unchanged), else after the last member.
-pub fn splice(
+/// (keeping its key text and spacing when the name is unchanged), else as the first member.
+/// Only the head of the body up to the last member changed is rebuilt.
+pub fn splice_edit(
     body: &[u8],
     members: &[Member],
     drop: &[usize],
     target: Option<usize>,
     field: &str,
     value: u64,
-) -> Vec<u8> {
+) -> Edit {
     let number = value.to_string();
-    let mut out = Vec::with_capacity(body.len() + field.len() + number.len() + 4);
     let open = match members.first() {
         Some(m) => m.key_start,
         // An empty object: write right after the opening brace.
@@ -24,11 +44,34 @@ pub fn splice(
             .position(|b| *b == b'{')
             .map_or(body.len(), |i| i + 1),
     };
+    // The end of the last member that changes; everything after it stays as it is.
+    let last = drop
+        .iter()
+        .copied()
+        .chain(target)
+        .filter_map(|i| members.get(i).map(|m| (i, m.value.end)))
+        .max_by_key(|(_, end)| *end);
+    let end = last.map_or(open, |(_, end)| end);
+    let mut out = Vec::with_capacity(end + field.len() + number.len() + 4);
     out.extend_from_slice(&body[..open]);
     let mut wrote_any = false;
+    if target.is_none() {
+        write_key(&mut out, field);
+        out.extend_from_slice(number.as_bytes());
+        wrote_any = true;
+    }
     let mut prev_end = open;
     for (i, m) in members.iter().enumerate() {
-        let separator = &body[prev_end..m.key_start];
+        if m.value.end > end {
+            break;
+        }
+        // Before the first member there is no separator in the body: after an inserted
+        // member it needs a comma.
+        let separator = if i == 0 {
+            &b","[..]
+        } else {
+            &body[prev_end..m.key_start]
+        };
         prev_end = m.value.end;
         let is_target = target == Some(i);
         if drop.contains(&i) && !is_target {
@@ -53,15 +96,23 @@ pub fn splice(
             out.extend_from_slice(&body[m.key_start..m.value.end]);
         }
     }
-    if target.is_none() {
-        if wrote_any {
-            out.push(b',');
-        }
-        write_key(&mut out, field);
-        out.extend_from_slice(number.as_bytes());
+    // A new first member before members that follow unchanged needs its comma.
+    if target.is_none() && last.is_none() && !members.is_empty() {
+        out.push(b',');
     }
-    out.extend_from_slice(&body[members.last().map_or(open, |m| m.value.end)..]);
-    out
+    Edit { prefix: out, end }
+}
+
+/// The whole rewritten body (see [`splice_edit`]).
+pub fn splice(
+    body: &[u8],
+    members: &[Member],
+    drop: &[usize],
+    target: Option<usize>,
+    field: &str,
+    value: u64,
+) -> Vec<u8> {
+    splice_edit(body, members, drop, target, field, value).apply(body)
 }
 
 fn write_key(out: &mut Vec<u8>, field: &str) {
@@ -127,7 +178,7 @@ mod tests {
         );
         assert_eq!(
             run(r#"{"max_tokens":false,"a":1}"#, &[0], None, "max_tokens", 7),
-            r#"{"a":1,"max_tokens":7}"#
+            r#"{"max_tokens":7,"a":1}"#
         );
     }
 
@@ -135,11 +186,11 @@ mod tests {
     fn inserts_when_absent() {
         assert_eq!(
             run("{\"a\":1}\n", &[], None, "max_tokens", 7),
-            "{\"a\":1,\"max_tokens\":7}\n"
+            "{\"max_tokens\":7,\"a\":1}\n"
         );
         assert_eq!(
             run("{\"a\":1 \n}", &[], None, "max_tokens", 7),
-            "{\"a\":1,\"max_tokens\":7 \n}"
+            "{\"max_tokens\":7,\"a\":1 \n}"
         );
         assert_eq!(
             run(" { } ", &[], None, "max_tokens", 7),
@@ -148,6 +199,42 @@ mod tests {
         assert_eq!(
             run(r#"{"max_tokens":0}"#, &[0], None, "max_tokens", 7),
             r#"{"max_tokens":7}"#
+        );
+        assert_eq!(
+            run(
+                r#"{"model":"m", "a":[1],"max_tokens":false}"#,
+                &[2],
+                None,
+                "max_tokens",
+                7
+            ),
+            r#"{"max_tokens":7,"model":"m", "a":[1]}"#
+        );
+        assert_eq!(
+            run(r#"{"model":"m","messages":[]}"#, &[], None, "max_tokens", 7),
+            r#"{"max_tokens":7,"model":"m","messages":[]}"#
+        );
+    }
+
+    #[test]
+    fn edit_covers_only_the_head() {
+        let body =
+            r#"{"model":"m","max_tokens":65536,"messages":[{"role":"user","content":"long"}]}"#;
+        let m = scan(body.as_bytes()).unwrap();
+        let e = splice_edit(body.as_bytes(), &m, &[1], Some(1), "max_tokens", 9);
+        assert_eq!(e.end, body.find(",\"messages\"").unwrap());
+        assert_eq!(e.prefix, br#"{"model":"m","max_tokens":9"#);
+        // no cap: the new member goes first, nothing else is rebuilt
+        let body = r#"{"messages":[]}"#;
+        let m = scan(body.as_bytes()).unwrap();
+        let e = splice_edit(body.as_bytes(), &m, &[], None, "max_tokens", 9);
+        assert_eq!(
+            (e.prefix.as_slice(), e.end),
+            (&br#"{"max_tokens":9,"#[..], 1)
+        );
+        assert_eq!(
+            e.apply(body.as_bytes()),
+            br#"{"max_tokens":9,"messages":[]}"#
         );
     }
 

@@ -72,11 +72,11 @@ impl<'de> serde::Deserialize<'de> for CowStr<'de> {
     }
 }
 
-pub(crate) fn is_ws(b: u8) -> bool {
+pub fn is_ws(b: u8) -> bool {
     matches!(b, b' ' | b'\t' | b'\n' | b'\r')
 }
 
-pub(crate) fn skip_ws(body: &[u8], mut i: usize) -> usize {
+pub fn skip_ws(body: &[u8], mut i: usize) -> usize {
     while i < body.len() && is_ws(body[i]) {
         i += 1;
     }

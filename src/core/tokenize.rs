@@ -150,8 +150,8 @@ pub fn cache_key(req: &Request, body: &[u8], route: &str, context_length: Option
         f.reasoning_effort,
     ];
     for (i, idx) in parts.into_iter().enumerate() {
-        match req.raw(body, idx) {
-            Some(text) => field(16 + i as u8, text.as_bytes()),
+        match req.raw_bytes(body, idx) {
+            Some(bytes) => field(16 + i as u8, bytes),
             None => field(64 + i as u8, b""),
         }
     }

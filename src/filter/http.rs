@@ -205,12 +205,10 @@ impl Http {
         let decision = decide(req, body, config, count, learned);
         let counted = Some((decision.prompt, decision.source));
         match decision.outcome {
-            Outcome::Rewrite {
-                body: new_body,
-                value,
-            } => {
+            Outcome::Rewrite { edit, value } => {
+                // Replaces only the head of the buffered body (Envoy drains and prepends).
                 if let Err(e) =
-                    host::set_buffer(BufferType::HttpRequestBody, 0, body.len(), &new_body)
+                    host::set_buffer(BufferType::HttpRequestBody, 0, edit.end, &edit.prefix)
                 {
                     log::warn!("incontext: cannot replace the body (host status {})", e.0);
                     self.unchanged(shared, Reason::Internal, counted);

@@ -8,35 +8,49 @@ use super::request::{Form, Request};
 use super::scan::{scan, Member};
 use serde_json::value::RawValue;
 
-/// Appends `raw` (valid JSON) in compact form: no white space outside strings; strings with
-/// escapes are normalised (non-ASCII as raw UTF-8, control characters escaped).
+/// Appends `raw` (valid JSON) in compact form: no white space outside strings. Strings are
+/// copied as they are unless they hold a `\u` or `\/` escape: those are decoded and written
+/// again (non-ASCII as raw UTF-8), as Python's `json.dumps(ensure_ascii=False)` would; the
+/// other escapes (`\n`, `\"`, `\\` …) are written the same way by both.
 pub fn compact(raw: &str, out: &mut Vec<u8>) -> Option<()> {
     let bytes = raw.as_bytes();
     let mut i = 0;
+    let mut run = 0; // start of the bytes not yet copied
     while i < bytes.len() {
         match bytes[i] {
-            b' ' | b'\t' | b'\n' | b'\r' => i += 1,
+            b' ' | b'\t' | b'\n' | b'\r' => {
+                out.extend_from_slice(&bytes[run..i]);
+                i += 1;
+                run = i;
+            }
             b'"' => {
-                let end = string_end(bytes, i)?;
-                write_string(&raw[i..end], out)?;
+                let (end, normalise) = string_end(bytes, i)?;
+                if normalise {
+                    out.extend_from_slice(&bytes[run..i]);
+                    write_string(&raw[i..end], out)?;
+                    run = end;
+                }
                 i = end;
             }
-            b => {
-                out.push(b);
-                i += 1;
-            }
+            _ => i += 1,
         }
     }
+    out.extend_from_slice(&bytes[run..]);
     Some(())
 }
 
-/// The index just past the closing quote of the string starting at `start`.
-fn string_end(bytes: &[u8], start: usize) -> Option<usize> {
+/// The index just past the closing quote of the string starting at `start`, and whether
+/// the string holds an escape that Python would write differently (`\u`, `\/`).
+fn string_end(bytes: &[u8], start: usize) -> Option<(usize, bool)> {
+    let mut normalise = false;
     let mut i = start + 1;
     while i < bytes.len() {
         match bytes[i] {
-            b'\\' => i += 2,
-            b'"' => return Some(i + 1),
+            b'\\' => {
+                normalise |= matches!(bytes.get(i + 1), Some(b'u' | b'/'));
+                i += 2;
+            }
+            b'"' => return Some((i + 1, normalise)),
             _ => i += 1,
         }
     }

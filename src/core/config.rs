@@ -116,9 +116,13 @@ pub const DEFAULT_PATH: &str = "/tokenize";
 fn serde_error(prefix: &str, e: serde_json::Error) -> ConfigError {
     let text = e.to_string();
     if let Some(rest) = text.strip_prefix("unknown field `") {
-        let name = rest.split('`').next().unwrap_or("");
+        // "unknown field `NAME`, expected …": NAME may itself hold a backtick.
+        let name = rest
+            .split_once("`, expected")
+            .map_or(rest.trim_end_matches('`'), |(n, _)| n);
+        let name: String = name.escape_debug().collect();
         let field = if prefix.is_empty() {
-            name.to_string()
+            name
         } else {
             format!("{prefix}.{name}")
         };
@@ -537,6 +541,15 @@ mod tests {
         assert_eq!(
             field_of(r#"{"tokenizer":{"cluster":"v","path":"tokenize"}}"#),
             "tokenizer.path"
+        );
+    }
+
+    #[test]
+    fn unknown_key_names_survive_odd_characters() {
+        assert_eq!(field_of(r#"{"tokenizer":{"cluster":"v"},"a`b":1}"#), "a`b");
+        assert_eq!(
+            field_of("{\"tokenizer\":{\"cluster\":\"v\"},\"a\\nb\":1}"),
+            "a\\nb"
         );
     }
 

@@ -93,7 +93,9 @@ fn write_key(key: &str, out: &mut Vec<u8>) {
 /// A message, with `reasoning_content` renamed `reasoning` unless `reasoning` is non-null
 /// (a null `reasoning` is dropped in favour of the renamed field).
 fn write_message(message: &str, out: &mut Vec<u8>) -> Option<()> {
-    if !message.starts_with('{') || !message.contains("reasoning_content") {
+    // Cheap pre-check; a key may also be spelled with escapes (`reasoning\u005fcontent`).
+    let may_have_key = message.contains("reasoning_content") || message.contains("\\u");
+    if !message.starts_with('{') || !may_have_key {
         return compact(message, out);
     }
     let members = scan(message.as_bytes()).ok()?;
@@ -149,7 +151,8 @@ fn write_template_kwargs(req: &Request, body: &[u8], out: &mut Vec<u8>) -> Optio
         }
     };
     let given = given.unwrap_or("{}");
-    let thinking = effort.map(|e| serde_json::from_str::<&str>(e).ok() != Some("none"));
+    let thinking =
+        effort.map(|e| serde_json::from_str::<String>(e).ok().as_deref() != Some("none"));
     out.extend_from_slice(b",\"chat_template_kwargs\":{");
     let mut first = true;
     let mut sep = |out: &mut Vec<u8>| {
@@ -280,6 +283,25 @@ mod tests {
         let mut out = Vec::new();
         compact(raw, &mut out).unwrap();
         String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn escaped_spellings_are_seen() {
+        use crate::core::config::Config;
+        use crate::core::request::analyze;
+        let config = Config::parse(br#"{"tokenizer":{"cluster":"v"}}"#).unwrap();
+        let p = |body: &str| {
+            let req = analyze(body.as_bytes(), &config).unwrap();
+            String::from_utf8(payload(&req, body.as_bytes()).unwrap()).unwrap()
+        };
+        assert_eq!(
+            p(r#"{"messages":[{"role":"assistant","reasoning\u005fcontent":"r","content":"a"}]}"#),
+            r#"{"messages":[{"role":"assistant","reasoning":"r","content":"a"}],"add_generation_prompt":true}"#
+        );
+        assert_eq!(
+            p(r#"{"messages":[],"reasoning_effort":"\u006eone"}"#),
+            r#"{"messages":[],"add_generation_prompt":true,"chat_template_kwargs":{"reasoning_effort":"none","enable_thinking":false}}"#
+        );
     }
 
     #[test]

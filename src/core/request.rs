@@ -194,7 +194,8 @@ fn chat_counting(body: &[u8], members: &[Member], f: &Fields) -> Counting {
     if has_tools {
         let choice = raw(body, members, f.tool_choice);
         let auto = is_null(choice)
-            || choice.is_some_and(|c| serde_json::from_str::<&str>(c).ok() == Some("auto"));
+            || choice
+                .is_some_and(|c| serde_json::from_str::<String>(c).ok().as_deref() == Some("auto"));
         if !auto {
             return Counting::Estimate;
         }

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Fuzzes the native core with cargo-fuzz (libFuzzer); see fuzz/README.md.
+#
+#   scripts/fuzz.sh                    every target, 600 s each, one after another
+#   scripts/fuzz.sh body_rewrite 1800  one target for 30 minutes
+#   scripts/fuzz.sh all 0              replay the seeds and the saved corpus only (a quick check)
+#
+# Targets: body_rewrite caps tokenize_reply config. Installs cargo-fuzz when missing.
+# cargo-fuzz needs nightly-only flags; RUSTC_BOOTSTRAP=1 lets the stable toolchain take them.
+# Runs at nice 19, one job at a time. New corpus entries go to fuzz/corpus/<target>/ (ignored
+# by git; the committed seeds are fuzz/seeds/<target>/). A crash leaves its input in
+# fuzz/artifacts/<target>/ and makes this script exit 1; reproduce it with
+#   RUSTC_BOOTSTRAP=1 cargo fuzz run -s none -a <target> fuzz/artifacts/<target>/crash-...
+# (from fuzz/), and shrink it with `cargo fuzz tmin` the same way.
+# Environment: FUZZ_SANITIZER (default none: the core has no unsafe code; `address` works too),
+# FUZZ_ARGS (extra libFuzzer flags).
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT/fuzz"
+
+ALL=(body_rewrite caps tokenize_reply config)
+TARGET="${1:-all}"
+SECONDS_EACH="${2:-600}"
+SANITIZER="${FUZZ_SANITIZER:-none}"
+if [ "$TARGET" = all ]; then
+  TARGETS=("${ALL[@]}")
+else
+  case " ${ALL[*]} " in
+    *" $TARGET "*) TARGETS=("$TARGET") ;;
+    *) echo "unknown target '$TARGET' (known: ${ALL[*]} all)" >&2; exit 2 ;;
+  esac
+fi
+case "$SECONDS_EACH" in
+  ''|*[!0-9]*) echo "seconds must be a whole number, got '$SECONDS_EACH'" >&2; exit 2 ;;
+esac
+
+if ! cargo fuzz --version >/dev/null 2>&1; then
+  echo "==> installing cargo-fuzz"
+  nice -n 19 cargo install cargo-fuzz --locked
+fi
+export RUSTC_BOOTSTRAP=1
+
+echo "==> building fuzz targets (sanitizer: $SANITIZER)"
+nice -n 19 cargo fuzz build -s "$SANITIZER" --debug-assertions
+
+status=0
+for t in "${TARGETS[@]}"; do
+  mkdir -p "corpus/$t" "artifacts/$t"
+  args=(-dict="dict/$t.dict" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1)
+  [ "$t" = body_rewrite ] && args+=(-max_len=16384)
+  if [ "$SECONDS_EACH" = 0 ]; then
+    args+=(-runs=0)
+  else
+    args+=(-max_total_time="$SECONDS_EACH")
+  fi
+  # shellcheck disable=SC2206
+  args+=(${FUZZ_ARGS:-})
+  log="artifacts/$t.log"
+  echo "==> $t: ${SECONDS_EACH}s (log: fuzz/$log)"
+  if nice -n 19 cargo fuzz run -s "$SANITIZER" --debug-assertions "$t" "corpus/$t" "seeds/$t" \
+      -- "${args[@]}" >"$log" 2>&1; then
+    grep -E '^(Done|stat::number_of_executed_units|stat::peak_rss_mb)' "$log" || true
+    echo "    corpus: $(find "corpus/$t" -type f | wc -l) new + $(find "seeds/$t" -type f | wc -l) seeds, crashes: 0"
+  else
+    status=1
+    echo "!!! $t failed; last lines of fuzz/$log:" >&2
+    grep -E 'panicked|ERROR|Test unit written|SUMMARY' "$log" >&2 || tail -20 "$log" >&2
+  fi
+done
+exit "$status"

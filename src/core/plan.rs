@@ -147,15 +147,11 @@ pub fn reject_body(window: u64, prompt: u64, value: i128, required: u64) -> Vec<
          leaving {left} for the completion, fewer than the {required} required. \
          Please reduce the length of the messages."
     );
-    let error = serde_json::json!({
-        "error": {
-            "message": message,
-            "type": "invalid_request_error",
-            "param": "messages",
-            "code": "context_length_exceeded"
-        }
-    });
-    error.to_string().into_bytes()
+    // Only numbers are interpolated: the text needs no JSON escaping.
+    format!(
+        r#"{{"error":{{"message":"{message}","type":"invalid_request_error","param":"messages","code":"context_length_exceeded"}}}}"#
+    )
+    .into_bytes()
 }
 
 #[cfg(test)]

@@ -26,6 +26,14 @@ MSG = [{"role": "system", "content": "You are terse."}, {"role": "user", "conten
 
 BODIES = {
     # name: (header, body text)
+    "chat_escaped_reasoning_content_key": (
+        header(EXACT, CFG_C, 50),
+        '{"messages":[{"role":"assistant","reasoning\\u005fcontent":"r","content":"a"}]}',
+    ),
+    "chat_escaped_reasoning_effort_none": (
+        header(EXACT, CFG_C, 50),
+        '{"messages":[{"role":"user","content":"x"}],"reasoning_effort":"\\u006eone"}',
+    ),
     "chat_max_tokens_exact": (
         header(EXACT, CFG_C, 1200),
         json.dumps({"model": "Qwen/Qwen3-8B", "messages": MSG, "max_tokens": 65536, "stream": True}),

@@ -193,14 +193,11 @@ impl Http {
     /// when answered locally).
     fn finish(&mut self, shared: &Rc<Shared>, req: &Request, body: &[u8], count: Count) -> bool {
         let config = &shared.config;
-        let model = model_name(req, body);
+        // A count without its own max_model_len (an estimate, token ids) uses the context
+        // length learned earlier for this model, when none is configured.
         let learned = match (config.context_length, count.max_model_len) {
-            (None, Some(mml)) => {
-                cache::learn_context(&model, mml);
-                Some(mml)
-            }
-            (None, None) => cache::learned_context(&model),
-            (Some(_), _) => None,
+            (None, None) => cache::learned_context(&model_name(req, body)),
+            _ => None,
         };
         let decision = decide(req, body, config, count, learned);
         let counted = Some((decision.prompt, decision.source));
@@ -326,6 +323,9 @@ impl Context for Http {
                 },
             ) => {
                 cache::store(key, shared.config.cache_entries, reply);
+                if shared.config.context_length.is_none() {
+                    cache::learn_context(&model_name(&req, &body), max_model_len);
+                }
                 let count = Count {
                     tokens: count,
                     source: Source::Exact,

@@ -7,8 +7,12 @@ with it):
   headers saying what it saw (``x-echo-method``, ``x-echo-path``, ``x-echo-length``,
   ``x-echo-content-length``, ``x-echo-chunked``, ``x-echo-sha256``); ``GET /__phases`` answers
   the tokenizer's phase log and per-phase call counts as JSON.
-* the **tokenizer** port fakes vLLM's ``POST /tokenize``. It flaps every ``--phase-seconds``
-  through a fixed cycle of states:
+* the **tokenizer** port fakes vLLM's ``POST /tokenize``. It flaps through a fixed cycle of
+  states. A phase ends after ``--phase-seconds`` of load *and* once it has answered
+  ``--min-calls`` calls (a "refused" phase gets no calls, so time alone ends it; any phase ends
+  after four times ``--phase-seconds``). With ``--wait-go`` the clock only runs while the
+  driver says the load is on: it writes ``go`` and ``pause`` lines on stdin. So every fault
+  meets traffic however fast or slow the machine is, and none falls into a pause.
 
   ========== ==========================================================================
   up         ``{"count": N, "max_model_len": C, "tokens": [...]}``, N read from the
@@ -112,6 +116,8 @@ class Servers:
         self.phase_index = 0
         self.phases = []           # [start time (unix), state]
         self.calls = {}            # state -> tokenizer calls answered in that state
+        self.phase_calls = 0       # calls answered in the current phase
+        self.running = asyncio.Event()
         self.garbage_i = 0
         self.echoed = 0
 
@@ -154,6 +160,7 @@ class Servers:
                     break
                 state = self.state
                 self.calls[state] = self.calls.get(state, 0) + 1
+                self.phase_calls += 1
                 body = req[3]
                 if state == "refused" or state == "reset":
                     writer.transport.abort()
@@ -194,12 +201,29 @@ class Servers:
             w.transport.abort()
         self.tok_conns.clear()
 
+    def phase_over(self, active: float) -> bool:
+        p = self.args.phase_seconds
+        if active < p:
+            return False
+        if self.state == "refused" or self.phase_calls >= self.args.min_calls:
+            return True
+        return active >= 4 * p
+
     async def flap(self):
         if self.args.phase_seconds <= 0:
             self.phases.append([time.time(), "up"])
             return
+        tick = 0.02
+        active = 0.0
         while True:
-            await asyncio.sleep(self.args.phase_seconds)
+            await self.running.wait()
+            await asyncio.sleep(tick)
+            if not self.running.is_set():
+                continue
+            active += tick
+            if not self.phase_over(active):
+                continue
+            active = 0.0
             self.phase_index += 1
             new = CYCLE[self.phase_index % len(CYCLE)]
             if new == "refused":
@@ -215,7 +239,22 @@ class Servers:
                 self.state = new
             else:
                 self.state = new
+            self.phase_calls = 0
             self.phases.append([time.time(), new])
+
+    async def commands(self, loop):
+        """``go`` starts or resumes the phase clock, ``pause`` stops it, EOF resumes it."""
+        while True:
+            line = await loop.run_in_executor(None, sys.stdin.readline)
+            word = line.strip()
+            if word == "pause":
+                self.running.clear()
+            else:
+                if not self.running.is_set() and not self.phases:
+                    self.phases.append([time.time(), "up"])
+                self.running.set()
+            if not line:
+                return
 
     async def main(self):
         self.echo_server = await asyncio.start_server(
@@ -229,13 +268,17 @@ class Servers:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        # wait for the go signal on stdin (a line), so flapping starts with the load
+        # with --wait-go the phase clock runs only while the driver says the load is on
         if self.args.wait_go:
-            await loop.run_in_executor(None, sys.stdin.readline)
-            self.phases = [[time.time(), "up"]]
+            self.phases = []
+            commander = asyncio.create_task(self.commands(loop))
+        else:
+            self.running.set()
         flapper = asyncio.create_task(self.flap())
         await stop.wait()
         flapper.cancel()
+        if self.args.wait_go:
+            commander.cancel()
 
 
 def main():
@@ -246,9 +289,11 @@ def main():
     ap.add_argument("--phase-seconds", type=float, default=2.0,
                     help="seconds per tokenizer state; 0 keeps it up")
     ap.add_argument("--slow-seconds", type=float, default=0.6)
+    ap.add_argument("--min-calls", type=int, default=len(GARBAGE),
+                    help="calls a phase must answer before it ends (not for refused)")
     ap.add_argument("--max-model-len", type=int, default=32768)
     ap.add_argument("--wait-go", action="store_true",
-                    help="start flapping when a line arrives on stdin")
+                    help="run the phase clock only between 'go' and 'pause' lines on stdin")
     args = ap.parse_args()
     if args.tokenizer_port == 0:
         # a fixed port, so the tokenizer can come back on it after a "refused" phase

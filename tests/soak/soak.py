@@ -343,6 +343,11 @@ class Soak:
             except subprocess.TimeoutExpired:
                 self.server.kill()
 
+    def clock(self, word: str):
+        """Run ("go") or stop ("pause") the tokenizer's phase clock: faults only flap under load."""
+        self.server.stdin.write(word + "\n")
+        self.server.stdin.flush()
+
     def phases(self) -> dict:
         _, body = _http_get(f"http://127.0.0.1:{self.echo_port}/__phases")
         return json.loads(body)
@@ -353,8 +358,7 @@ class Soak:
         env = self.envoy
         wasm_start = env.wasm_stats()
         mem_start = memory(env)
-        self.server.stdin.write("go\n")
-        self.server.stdin.flush()
+        self.clock("go")
         t0 = time.monotonic()
 
         def progress(n):
@@ -364,6 +368,7 @@ class Soak:
         rest = cases[self.warmup:]
         asyncio.run(drive(env.url, warm, self.concurrency, results))
         t_warm = time.monotonic() - t0
+        self.clock("pause")
         quiesce()
         mem_warm = memory(env)
         self.log(f"  warm-up: {len(warm)} requests in {t_warm:.1f}s; memory {mem_warm}")
@@ -373,10 +378,12 @@ class Soak:
         t_main = 0.0
         for k in range(0, len(rest), seg):
             part = rest[k:k + seg]
+            self.clock("go")
             t1 = time.monotonic()
             asyncio.run(drive(env.url, part, self.concurrency, results,
                               progress=lambda n, k=k: progress(k + n)))
             t_main += time.monotonic() - t1
+            self.clock("pause")
             quiesce()
             series.append((len(warm) + k + len(part), memory(env)))
         mem_end = series[-1][1]

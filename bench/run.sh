@@ -41,6 +41,8 @@
 #   BENCH_WASM: use this .wasm instead of building target/wasm32-wasip1/release/incontext.wasm
 #   BENCH_PLUGIN_JSON: a JSON object merged into the plugin configuration, e.g.
 #     '{"response_headers": false}' (context_length is always 32768)
+#   BENCH_PROBE: none|buffer|read|write|report runs bench/probe (a filter doing only that much
+#     of incontext's work) instead of incontext: see bench/floor.sh
 #   BENCH_OUT [bench/results.md]   BENCH_KEEP=1 keeps the work directory (configs, logs)
 set -euo pipefail
 
@@ -93,11 +95,17 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-if [ -n "${BENCH_WASM:-}" ]; then
+PROBE="${BENCH_PROBE:-}"
+if [ -n "$PROBE" ]; then
+  say "building the probe filter (bench/probe, mode $PROBE)"
+  (cd "$BENCH/probe" && cargo build --release --target wasm32-wasip1 -q) || die "probe build failed"
+  SRC_WASM="$BENCH/probe/target/wasm32-wasip1/release/incontext_probe.wasm"
+  BENCH_PLUGIN_JSON="{\"probe\": \"$PROBE\"}"
+elif [ -n "${BENCH_WASM:-}" ]; then
   SRC_WASM="$BENCH_WASM"
 else
-  say "cargo build --release --target wasm32-wasip1"
-  (cd "$ROOT" && cargo build --release --target wasm32-wasip1 -q) || die "build failed"
+  say "building the filter (scripts/build-wasm.sh)"
+  bash "$ROOT/scripts/build-wasm.sh" || die "build failed"
   SRC_WASM="$ROOT/target/wasm32-wasip1/release/incontext.wasm"
 fi
 [ -f "$SRC_WASM" ] || die "no wasm at $SRC_WASM"
@@ -197,7 +205,7 @@ rewritten() { counters $F_ADMIN | tr ' ' '\n' | sed -n 's/^incontext_rewritten=/
 r0=$(rewritten)
 curl -sf -o /dev/null -H 'content-type: application/json' --data-binary @"$WORK/sanity.json" \
   "http://127.0.0.1:$F_PORT/v1/chat/completions" || die "filter sanity request failed"
-[ "$(rewritten)" = $((r0 + 1)) ] || die "filter sanity check: the request was not rewritten (see $WORK/filter.log)"
+[ -n "$PROBE" ] || [ "$(rewritten)" = $((r0 + 1)) ] || die "filter sanity check: the request was not rewritten (see $WORK/filter.log)"
 curl -sf -o /dev/null -H 'content-type: application/json' --data-binary @"$WORK/sanity.json" \
   "http://127.0.0.1:$N_PORT/v1/chat/completions" || die "no-filter sanity request failed"
 

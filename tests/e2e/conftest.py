@@ -39,7 +39,7 @@ def envoy_bin() -> str:
 @pytest.fixture(scope="session")
 def wasm() -> Path:
     if not WASM.is_file() and not no_filter():
-        pytest.fail(f"{WASM} is missing: run `cargo build --release --target wasm32-wasip1`",
+        pytest.fail(f"{WASM} is missing: run `scripts/build-wasm.sh`",
                     pytrace=False)
     return WASM
 

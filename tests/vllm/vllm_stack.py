@@ -148,7 +148,7 @@ def start_envoy(workdir: Path, name: str, upstream_port: int, config: dict) -> E
         raise StackError("Envoy binary not found: run scripts/setup.sh (or set ENVOY_BIN)")
     if not WASM.is_file() and not no_filter():
         raise StackError(f"{WASM} is missing: run scripts/setup.sh "
-                         "(cargo build --release --target wasm32-wasip1)")
+                         "(scripts/build-wasm.sh)")
     env = Envoy(binary, workdir, config, ("127.0.0.1", upstream_port),
                 remove_filter=no_filter(), name=name)
     return env.start()

@@ -8,13 +8,13 @@
 //! tools, multi-turn messages with tool calls and tool results, `max_tokens`), built here
 //! deterministically. Per size:
 //!   scan        the top-level member scan (validates the whole body)
-//!   analyze     scan + request shape, caps, counting mode
+//!   analyze     scan (messages and tools only skimmed) + request shape, caps, counting mode
 //!   cache_key   the 128-bit hash of the relevant raw slices (what a cache hit needs)
 //!   payload     the `/tokenize` payload (only built on a miss)
 //!   splice      the rewritten body
 //!   decide      rule + splice, given a cached count
 //!   hit_path    analyze + cache_key + decide: everything a cache hit does in the core
-//!   miss_path   analyze + cache_key + payload + decide (the tokenizer reply not included)
+//!   miss_path   analyze + validate + cache_key + payload + decide (no tokenizer reply)
 //!   passthrough analyze of the same content without `messages` (returns Shape)
 //! Throughput is reported in bytes of request body per second; `bench/criterion-table.py`
 //! prints the medians as a Markdown table.
@@ -282,6 +282,7 @@ fn bench(c: &mut Criterion) {
     });
     group!("miss_path", |body, _i| {
         let req = analyze(body, &config).expect("chat");
+        req.validate(body).expect("valid");
         let key = cache_key(&req, body, ROUTE, Some(32768));
         let p = payload(&req, body).map(|p| p.len());
         (key, p, decide(&req, body, &config, cached(), None).prompt)

@@ -3,7 +3,8 @@
 //! Input: a 6-byte header that picks the count, the config and the learned window, then the
 //! request body (see fuzz/README.md). Properties checked:
 //! * nothing panics (analyze, estimate, text_only, target, payload, cache_key, decide);
-//! * analyze agrees with serde_json on what is a JSON object;
+//! * analyze (skimming messages and tools) + Request::validate agree with serde_json on what
+//!   is a JSON object, with the same members as a full scan;
 //! * the outcome (rewrite or not, and the value) matches a reference model of the rule built
 //!   from SPEC §2/§3, with the caller cap parsed by the reference lax parser;
 //! * a rewritten body parses, is an object, has exactly one top-level cap field — the right
@@ -396,8 +397,9 @@ fn check_rewrite(
     }
 
     // Idempotence: the output, rewritten again with the same count, is unchanged.
-    let again =
-        analyze(out, config).unwrap_or_else(|r| panic!("output not budgeted: {r:?}{}", ctx()));
+    let again = analyze(out, config)
+        .and_then(|r| r.validate(out).map(|()| r))
+        .unwrap_or_else(|r| panic!("output not budgeted: {r:?}{}", ctx()));
     let d = decide(&again, out, config, s.count, s.learned);
     match d.outcome {
         Outcome::Rewrite { edit, value: v2 } => {
@@ -423,8 +425,22 @@ fn check(data: &[u8]) {
     let s = setup(h);
     let config = &configs()[s.kind];
 
-    let req = match analyze(body, config) {
-        Ok(req) => req,
+    // analyze skims messages/tools; validate completes the check (a cache hit skips it, its
+    // key vouching for those bytes). Together they must judge the body as serde_json does.
+    let skimmed = analyze(body, config);
+    if let Ok(r) = &skimmed {
+        let _ = cache_key(r, body, "vllm|vllm:8000|/tokenize", Some(32768)); // must not panic
+    }
+    let req = match skimmed.and_then(|r| r.validate(body).map(|()| r)) {
+        Ok(req) => {
+            assert_eq!(
+                scan(body).ok().as_ref(),
+                Some(&req.members),
+                "skimmed members differ from a full scan: {}",
+                show(body)
+            );
+            req
+        }
         Err(reason) => {
             // analyze rejects exactly what serde_json says is not a JSON object.
             match (reason, json_value(body)) {

@@ -11,4 +11,5 @@ pub mod request;
 pub mod rewrite;
 pub mod rule;
 pub mod scan;
+pub mod skim;
 pub mod tokenize;

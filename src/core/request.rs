@@ -5,7 +5,7 @@ use super::caps::{parse_cap, CapField};
 use super::config::Config;
 use super::estimate::estimate;
 use super::reason::Reason;
-use super::scan::{is_ws, scan, Member, ScanError};
+use super::scan::{is_value_at, is_ws, scan_skimming, Member, ScanError};
 use serde_json::value::RawValue;
 
 /// Chat (`messages`) or completion (`prompt`).
@@ -68,6 +68,14 @@ pub struct Request {
     /// T, when ≥ 0.
     pub truncate: Option<u64>,
     pub counting: Counting,
+    /// Members (`messages`, `tools`) whose value was only skimmed: see `validate`.
+    pub unchecked: Vec<usize>,
+}
+
+/// The members whose values are skimmed by `analyze`: the bulk of a prompt, which a cache hit
+/// identifies by hash without validating it again.
+fn skimmed(key: &str) -> bool {
+    key == "messages" || key == "tools"
 }
 
 /// The raw bytes of a field (no UTF-8 check: for hashing and first-byte tests).
@@ -87,8 +95,11 @@ fn is_null(v: Option<&str>) -> bool {
 }
 
 /// Scans and classifies a request body. `Err` is the reason to leave it unchanged.
+///
+/// The values of `messages` and `tools` are only skimmed: call `Request::validate` before
+/// using the request for anything but a cache lookup.
 pub fn analyze(body: &[u8], config: &Config) -> Result<Request, Reason> {
-    let members = scan(body).map_err(|e| match e {
+    let (members, unchecked) = scan_skimming(body, skimmed).map_err(|e| match e {
         ScanError::NotJson => Reason::NotJson,
         ScanError::NotObject => Reason::NotObject,
     })?;
@@ -123,6 +134,22 @@ pub fn analyze(body: &[u8], config: &Config) -> Result<Request, Reason> {
         };
         *slot = Some(i);
     }
+
+    // Only the values the cache key hashes may stay unchecked (see `validate`): an earlier,
+    // duplicate `messages` or `tools` is validated now.
+    let mut unchecked = unchecked;
+    for &i in unchecked
+        .iter()
+        .filter(|&&i| Some(i) != f.messages && Some(i) != f.tools)
+    {
+        if !members
+            .get(i)
+            .is_some_and(|m| is_value_at(body, m.value.clone()))
+        {
+            return Err(Reason::NotJson);
+        }
+    }
+    unchecked.retain(|&i| Some(i) == f.messages || Some(i) == f.tools);
 
     let messages = raw_bytes(body, &members, f.messages);
     let form = match (messages, f.prompt) {
@@ -181,6 +208,7 @@ pub fn analyze(body: &[u8], config: &Config) -> Result<Request, Reason> {
         cap,
         truncate,
         counting,
+        unchecked,
     })
 }
 
@@ -238,6 +266,22 @@ fn completion_counting(body: &[u8], members: &[Member], f: &Fields) -> Result<Co
 }
 
 impl Request {
+    /// Validates the skimmed values: the whole body is then exactly as valid as a full scan
+    /// would have found it. Not needed for a cache hit: the key hashes these bytes, and an
+    /// entry is only stored for a body that passed this check.
+    pub fn validate(&self, body: &[u8]) -> Result<(), Reason> {
+        let valid = self.unchecked.iter().all(|&i| {
+            self.members
+                .get(i)
+                .is_some_and(|m| is_value_at(body, m.value.clone()))
+        });
+        if valid {
+            Ok(())
+        } else {
+            Err(Reason::NotJson)
+        }
+    }
+
     /// The raw text of a field of this request.
     pub fn raw<'a>(&self, body: &'a [u8], idx: Option<usize>) -> Option<&'a str> {
         raw(body, &self.members, idx)
@@ -477,5 +521,46 @@ mod tests {
                 .estimate(b"{\"messages\":[]}"),
             Some(1)
         );
+    }
+
+    #[test]
+    fn messages_and_tools_are_skimmed_then_validated() {
+        let c = cfg();
+        let bad_messages = br#"{"messages":[{"role":"user","content":"hi"},],"max_tokens":5}"#;
+        let req = analyze(bad_messages, &c).unwrap();
+        assert_eq!(req.unchecked, vec![0]);
+        assert_eq!(req.validate(bad_messages), Err(Reason::NotJson));
+
+        let bad_tools = br#"{"messages":[],"tools":[{"type":"function" "x":1}]}"#;
+        let req = analyze(bad_tools, &c).unwrap();
+        assert_eq!(req.unchecked, vec![0, 1]);
+        assert_eq!(req.validate(bad_tools), Err(Reason::NotJson));
+
+        let good = br#"{"messages":[{"role":"user","content":"] } \" ["}],"tools":[]}"#;
+        let req = analyze(good, &c).unwrap();
+        assert_eq!(req.validate(good), Ok(()));
+        assert_eq!(
+            &good[req.members[0].value.clone()],
+            br#"[{"role":"user","content":"] } \" ["}]"#
+        );
+    }
+
+    #[test]
+    fn an_earlier_duplicate_is_validated_at_once() {
+        // Only the last `messages` is hashed into the cache key, so an invalid earlier one
+        // cannot wait for `validate` (a cache hit skips it).
+        let c = cfg();
+        let body = br#"{"messages":[1,],"messages":[{"role":"user","content":"x"}]}"#;
+        assert_eq!(analyze(body, &c).unwrap_err(), Reason::NotJson);
+        let body = br#"{"messages":[1],"messages":[{"role":"user","content":"x"}]}"#;
+        let req = analyze(body, &c).unwrap();
+        assert_eq!(req.unchecked, vec![1]);
+        assert_eq!(req.validate(body), Ok(()));
+    }
+
+    #[test]
+    fn a_body_that_never_closes_is_not_json_at_once() {
+        let body = br#"{"messages":[{"role":"user","content":"x"}"#;
+        assert_eq!(analyze(body, &cfg()).unwrap_err(), Reason::NotJson);
     }
 }

@@ -81,6 +81,14 @@ impl Http {
                 return false;
             }
         };
+        // A cache hit skips validating messages/tools (see `Request::validate`); every other
+        // path validates first.
+        if req.counting != Counting::Tokenize {
+            if let Err(reason) = req.validate(&body) {
+                self.unchanged(shared, reason, None);
+                return false;
+            }
+        }
         match req.counting {
             Counting::Exact(n) => {
                 let count = Count {
@@ -110,6 +118,10 @@ impl Http {
                 };
                 return self.finish(shared, &req, &body, count);
             }
+        }
+        if let Err(reason) = req.validate(&body) {
+            self.unchanged(shared, reason, None);
+            return false;
         }
         Metrics::bump(shared.metrics.cache_misses);
         let Some(payload) = payload(&req, &body) else {

@@ -100,3 +100,38 @@ def test_other_context_length_counts_again(proxy_for, upstream):
     res = p2.post(body)
     assert len(res.tokenize) == 1, res.describe()
     assert_rewritten(res, 100, W_=16384, C_=16384)
+
+
+def test_hit_still_judges_the_rest_of_the_body(proxy, upstream):
+    """A cache hit skips re-validating `messages`/`tools` (their bytes are what the key hashes),
+    never the rest: the same messages with a broken member elsewhere, or with a broken earlier
+    duplicate `messages`, is not JSON and passes byte for byte."""
+    upstream.tokenizer.count(700)
+    body = chat(max_tokens=100000, tools=[{"type": "function", "function": {"name": "f"}}])
+    first = proxy.post(dumps(body))
+    assert_rewritten(first, 700)
+    again = proxy.post(dumps(body))
+    assert_rewritten(again, 700, source="cache")
+    text = dumps(body)
+    assert text.endswith(b"}")
+    for broken in (
+        text[:-1] + b', "temperature": 01}',                  # a bad number after the cached parts
+        text[:-1] + b', "stop": ["a",]}',                     # a trailing comma
+        b'{"messages": [1,], ' + text[1:],                    # an invalid earlier duplicate
+        text[:-1] + b', "x": "\xff"}',                        # invalid UTF-8
+    ):
+        res = proxy.post(broken)
+        assert_unchanged(res, "not_json", tokenize_calls=0)
+        assert res.delta.get("incontext_cache_hits") is None, res.delta
+
+
+def test_broken_messages_are_never_served_from_the_cache(proxy, upstream):
+    """Invalid JSON inside `messages` is judged on the miss path: not_json, nothing cached."""
+    upstream.tokenizer.count(300)
+    good = dumps(chat(max_tokens=100000))
+    i = good.index(b'"role"')
+    broken = good[:i] + b'"role" "system", ' + good[i:]      # a missing colon inside messages
+    for _ in range(2):
+        res = proxy.post(broken)
+        assert_unchanged(res, "not_json", tokenize_calls=0)
+        assert res.delta.get("incontext_cache_misses") is None, res.delta

@@ -45,6 +45,7 @@ APT_NEED=()
 command -v buildah >/dev/null 2>&1 || APT_NEED+=(buildah)
 command -v wrk >/dev/null 2>&1 || APT_NEED+=(wrk)
 command -v npm >/dev/null 2>&1 || APT_NEED+=(npm)   # wasm-opt (binaryen) for scripts/build-wasm.sh
+command -v node >/dev/null 2>&1 || APT_NEED+=(nodejs)   # scripts/wasi-runner.mjs: core tests in V8
 if [ ${#APT_NEED[@]} -gt 0 ]; then
   say "apt-get install ${APT_NEED[*]}"
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"

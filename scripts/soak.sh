@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Chaos soak (README "Reliability"): sends REQUESTS (default 30000) requests over CONCURRENCY
 # (default 32) connections through the real Envoy with the built incontext.wasm, while the fake
-# tokenizer flaps every 2 s between up, refused, slow (past timeout_ms 200), garbage, 503 and
-# reset. Fails unless every request reached the echo upstream with an intact body (identical,
+# tokenizer flaps (2 s of load and at least 8 calls per phase) between up, refused, slow (past
+# timeout_ms 200), garbage, 503 and reset. Fails unless every request reached the echo upstream with an intact body (identical,
 # or exactly the SPEC rewrite), the counters agree, no wasm VM failed or was reloaded, and
 # Envoy's memory stayed flat after the warm-up.
 #

@@ -7,6 +7,7 @@
 //!   read     buffer + copy the whole body into the VM
 //!   write    read + replace the first 32 bytes with themselves (a head splice)
 //!   report   write + 4 response headers + 3 counter increments (what incontext reports)
+//!   lookups  report + the 3 request-header reads and the shared-data read incontext makes
 //!
 //! The probe is test code for the benchmark only: errors are ignored, as there is no traffic
 //! it could break that matters.
@@ -23,6 +24,7 @@ enum Mode {
     Read,
     Write,
     Report,
+    Lookups,
 }
 
 proxy_wasm::main! {{
@@ -46,7 +48,7 @@ impl RootContext for Root {
             .flatten()
             .unwrap_or_default();
         let text = String::from_utf8_lossy(&config);
-        let mode = ["none", "buffer", "read", "write", "report"]
+        let mode = ["none", "buffer", "read", "write", "report", "lookups"]
             .iter()
             .position(|m| {
                 text.contains(&format!("\"probe\": \"{m}\""))
@@ -58,6 +60,7 @@ impl RootContext for Root {
             Some(2) => Mode::Read,
             Some(3) => Mode::Write,
             Some(4) => Mode::Report,
+            Some(5) => Mode::Lookups,
             _ => return false,
         };
         for (i, name) in ["probe_requests", "probe_hits", "probe_rewritten"]
@@ -90,6 +93,11 @@ impl Context for Probe {}
 
 impl HttpContext for Probe {
     fn on_http_request_headers(&mut self, _: usize, _: bool) -> Action {
+        if self.mode >= Mode::Lookups {
+            for name in [":method", "content-encoding", "content-length"] {
+                let _ = hostcalls::get_map_value(MapType::HttpRequestHeaders, name);
+            }
+        }
         if self.mode >= Mode::Buffer {
             let _ = hostcalls::set_map_value(MapType::HttpRequestHeaders, "content-length", None);
         }
@@ -111,6 +119,9 @@ impl HttpContext for Probe {
             if self.mode >= Mode::Write && body.len() >= 32 {
                 let _ = hostcalls::set_buffer(BufferType::HttpRequestBody, 0, 32, &body[..32]);
             }
+        }
+        if self.mode >= Mode::Lookups {
+            let _ = hostcalls::get_shared_data("incontext:probe-slot-17");
         }
         if self.mode >= Mode::Report {
             for m in self.metrics {

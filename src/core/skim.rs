@@ -108,13 +108,20 @@ fn classify(bytes: &[u8]) -> Masks {
     }
 }
 
-#[cfg(not(all(target_family = "wasm", target_feature = "simd128")))]
+#[cfg(not(any(
+    all(target_family = "wasm", target_feature = "simd128"),
+    target_arch = "x86_64"
+)))]
 fn classify_block(block: &[u8]) -> Masks {
     classify_scalar(block)
 }
 
+/// The byte loop: the fallback, and the reference the vector classifiers are tested against.
 #[cfg_attr(
-    all(target_family = "wasm", target_feature = "simd128"),
+    any(
+        all(target_family = "wasm", target_feature = "simd128"),
+        target_arch = "x86_64"
+    ),
     allow(dead_code)
 )]
 fn classify_scalar(block: &[u8]) -> Masks {
@@ -150,6 +157,33 @@ fn classify_block(block: &[u8]) -> Masks {
         m.backslash |= u64::from(u8x16_bitmask(u8x16_eq(v, backslash))) << shift;
         m.open |= u64::from(u8x16_bitmask(u8x16_eq(folded, open))) << shift;
         m.close |= u64::from(u8x16_bitmask(u8x16_eq(folded, close))) << shift;
+    }
+    m
+}
+
+/// Native builds on x86_64 (tests, fuzzing, the criterion bench): SSE2, which every x86_64
+/// CPU has.
+#[cfg(target_arch = "x86_64")]
+fn classify_block(block: &[u8]) -> Masks {
+    use std::arch::x86_64::*;
+    let mut m = Masks::default();
+    // SAFETY: SSE2 is part of the x86_64 baseline; each `chunk` is 16 readable bytes and
+    // `_mm_loadu_si128` needs no alignment.
+    unsafe {
+        let quote = _mm_set1_epi8(b'"' as i8);
+        let backslash = _mm_set1_epi8(b'\\' as i8);
+        let case = _mm_set1_epi8(0x20);
+        let open = _mm_set1_epi8(b'{' as i8);
+        let close = _mm_set1_epi8(b'}' as i8);
+        for (k, chunk) in block.chunks_exact(16).take(4).enumerate() {
+            let v = _mm_loadu_si128(chunk.as_ptr().cast::<__m128i>());
+            let folded = _mm_or_si128(v, case);
+            let bits = |x: __m128i| u64::from(_mm_movemask_epi8(x) as u16) << (16 * k);
+            m.quote |= bits(_mm_cmpeq_epi8(v, quote));
+            m.backslash |= bits(_mm_cmpeq_epi8(v, backslash));
+            m.open |= bits(_mm_cmpeq_epi8(folded, open));
+            m.close |= bits(_mm_cmpeq_epi8(folded, close));
+        }
     }
     m
 }
@@ -191,6 +225,14 @@ mod tests {
             }
         }
         None
+    }
+
+    proptest! {
+        /// The vector classifier (SSE2 natively, simd128 in wasm) equals the byte loop.
+        #[test]
+        fn classifiers_agree(block in prop::collection::vec(any::<u8>(), 64)) {
+            prop_assert_eq!(classify_block(&block), classify_scalar(&block));
+        }
     }
 
     #[test]

@@ -90,6 +90,13 @@ fn raw<'a>(body: &'a [u8], members: &[Member], idx: Option<usize>) -> Option<&'a
     std::str::from_utf8(body.get(m.value.clone())?).ok()
 }
 
+/// Whether member `i`'s value is exactly one valid JSON value.
+fn value_is_valid(body: &[u8], members: &[Member], i: usize) -> bool {
+    members
+        .get(i)
+        .is_some_and(|m| is_value_at(body, m.value.clone()))
+}
+
 fn is_null(v: Option<&str>) -> bool {
     v.is_none_or(|v| v == "null")
 }
@@ -138,18 +145,15 @@ pub fn analyze(body: &[u8], config: &Config) -> Result<Request, Reason> {
     // Only the values the cache key hashes may stay unchecked (see `validate`): an earlier,
     // duplicate `messages` or `tools` is validated now.
     let mut unchecked = unchecked;
-    for &i in unchecked
+    let hashed = |i: &usize| Some(*i) == f.messages || Some(*i) == f.tools;
+    if !unchecked
         .iter()
-        .filter(|&&i| Some(i) != f.messages && Some(i) != f.tools)
+        .filter(|i| !hashed(i))
+        .all(|&i| value_is_valid(body, &members, i))
     {
-        if !members
-            .get(i)
-            .is_some_and(|m| is_value_at(body, m.value.clone()))
-        {
-            return Err(Reason::NotJson);
-        }
+        return Err(Reason::NotJson);
     }
-    unchecked.retain(|&i| Some(i) == f.messages || Some(i) == f.tools);
+    unchecked.retain(hashed);
 
     let messages = raw_bytes(body, &members, f.messages);
     let form = match (messages, f.prompt) {
@@ -270,12 +274,11 @@ impl Request {
     /// would have found it. Not needed for a cache hit: the key hashes these bytes, and an
     /// entry is only stored for a body that passed this check.
     pub fn validate(&self, body: &[u8]) -> Result<(), Reason> {
-        let valid = self.unchecked.iter().all(|&i| {
-            self.members
-                .get(i)
-                .is_some_and(|m| is_value_at(body, m.value.clone()))
-        });
-        if valid {
+        if self
+            .unchecked
+            .iter()
+            .all(|&i| value_is_valid(body, &self.members, i))
+        {
             Ok(())
         } else {
             Err(Reason::NotJson)

@@ -83,13 +83,9 @@ impl Http {
         };
         // A cache hit skips validating messages/tools (see `Request::validate`); every other
         // path validates first.
-        if req.counting != Counting::Tokenize {
-            if let Err(reason) = req.validate(&body) {
-                self.unchanged(shared, reason, None);
-                return false;
-            }
-        }
         match req.counting {
+            Counting::Tokenize => self.tokenize(shared, req, body),
+            _ if !self.validated(shared, &req, &body) => false,
             Counting::Exact(n) => {
                 let count = Count {
                     tokens: n,
@@ -99,7 +95,18 @@ impl Http {
                 self.finish(shared, &req, &body, count)
             }
             Counting::Estimate => self.estimate(shared, &req, &body),
-            Counting::Tokenize => self.tokenize(shared, req, body),
+        }
+    }
+
+    /// Validates what `analyze` only skimmed; when invalid, leaves the request unchanged and
+    /// returns false.
+    fn validated(&mut self, shared: &Shared, req: &Request, body: &[u8]) -> bool {
+        match req.validate(body) {
+            Ok(()) => true,
+            Err(reason) => {
+                self.unchanged(shared, reason, None);
+                false
+            }
         }
     }
 
@@ -119,8 +126,7 @@ impl Http {
                 return self.finish(shared, &req, &body, count);
             }
         }
-        if let Err(reason) = req.validate(&body) {
-            self.unchanged(shared, reason, None);
+        if !self.validated(shared, &req, &body) {
             return false;
         }
         Metrics::bump(shared.metrics.cache_misses);

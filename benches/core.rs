@@ -189,12 +189,23 @@ fn bench(c: &mut Criterion) {
         assert!(analyze(input, &config).is_err());
     }
 
+    /// A benchmark group with this file's timing settings.
+    fn configured<'a>(
+        c: &'a mut Criterion,
+        name: &str,
+        samples: usize,
+    ) -> criterion::BenchmarkGroup<'a, criterion::measurement::WallTime> {
+        let mut g = c.benchmark_group(name);
+        g.warm_up_time(Duration::from_millis(500));
+        g.measurement_time(Duration::from_secs(2));
+        g.sample_size(samples);
+        g
+    }
+
+    // `work` over each size's chat body and its `input` twin.
     macro_rules! group {
         ($name:literal, |$body:ident, $input:ident| $work:expr) => {{
-            let mut g = c.benchmark_group($name);
-            g.warm_up_time(Duration::from_millis(500));
-            g.measurement_time(Duration::from_secs(2));
-            g.sample_size(30);
+            let mut g = configured(c, $name, 30);
             for (name, chat, input) in &bodies {
                 g.throughput(Throughput::Bytes(chat.len() as u64));
                 g.bench_with_input(
@@ -211,70 +222,60 @@ fn bench(c: &mut Criterion) {
         }};
     }
 
+    // `work` over each size's chat body and its analyzed request (analysis not timed).
+    let reqs: Vec<_> = bodies
+        .iter()
+        .map(|(_, b, _)| analyze(b, &config).expect("chat"))
+        .collect();
+    macro_rules! per_request {
+        ($name:literal, $samples:literal, |$req:ident, $chat:ident| $work:expr) => {{
+            let mut g = configured(c, $name, $samples);
+            for ((name, chat, _), req) in bodies.iter().zip(&reqs) {
+                g.throughput(Throughput::Bytes(chat.len() as u64));
+                g.bench_function(BenchmarkId::from_parameter(name), |b| {
+                    let $req = req;
+                    let $chat: &[u8] = chat;
+                    b.iter(|| black_box($work))
+                });
+            }
+            g.finish();
+        }};
+    }
+
     group!("scan", |body, _i| scan(black_box(body)).map(|m| m.len()));
     group!("analyze", |body, _i| analyze(black_box(body), &config)
         .map(|r| r.members.len()));
-    {
-        let reqs: Vec<_> = bodies
-            .iter()
-            .map(|(_, b, _)| analyze(b, &config).expect("chat"))
-            .collect();
-        let mut g = c.benchmark_group("cache_key");
-        g.warm_up_time(Duration::from_millis(500));
-        g.measurement_time(Duration::from_secs(2));
-        g.sample_size(30);
-        for ((name, chat, _), req) in bodies.iter().zip(&reqs) {
-            g.throughput(Throughput::Bytes(chat.len() as u64));
-            g.bench_function(BenchmarkId::from_parameter(name), |b| {
-                b.iter(|| cache_key(black_box(req), black_box(chat), ROUTE, Some(32768)))
-            });
-        }
-        g.finish();
-        let mut g = c.benchmark_group("payload");
-        g.warm_up_time(Duration::from_millis(500));
-        g.measurement_time(Duration::from_secs(2));
-        g.sample_size(20);
-        for ((name, chat, _), req) in bodies.iter().zip(&reqs) {
-            g.throughput(Throughput::Bytes(chat.len() as u64));
-            g.bench_function(BenchmarkId::from_parameter(name), |b| {
-                b.iter(|| payload(black_box(req), black_box(chat)).map(|p| p.len()))
-            });
-        }
-        g.finish();
-        let mut g = c.benchmark_group("splice");
-        g.warm_up_time(Duration::from_millis(500));
-        g.measurement_time(Duration::from_secs(2));
-        g.sample_size(30);
-        for ((name, chat, _), req) in bodies.iter().zip(&reqs) {
-            let (target, field) = req.target();
-            g.throughput(Throughput::Bytes(chat.len() as u64));
-            g.bench_function(BenchmarkId::from_parameter(name), |b| {
-                b.iter(|| {
-                    splice(
-                        black_box(chat),
-                        &req.members,
-                        &req.cap_members,
-                        target,
-                        field,
-                        31768,
-                    )
-                    .len()
-                })
-            });
-        }
-        g.finish();
-        let mut g = c.benchmark_group("decide");
-        g.warm_up_time(Duration::from_millis(500));
-        g.measurement_time(Duration::from_secs(2));
-        g.sample_size(30);
-        for ((name, chat, _), req) in bodies.iter().zip(&reqs) {
-            g.throughput(Throughput::Bytes(chat.len() as u64));
-            g.bench_function(BenchmarkId::from_parameter(name), |b| {
-                b.iter(|| decide(black_box(req), black_box(chat), &config, cached(), None).prompt)
-            });
-        }
-        g.finish();
-    }
+    per_request!("cache_key", 30, |req, chat| cache_key(
+        black_box(req),
+        black_box(chat),
+        ROUTE,
+        Some(32768)
+    ));
+    per_request!("payload", 20, |req, chat| payload(
+        black_box(req),
+        black_box(chat)
+    )
+    .map(|p| p.len()));
+    per_request!("splice", 30, |req, chat| {
+        let (target, field) = req.target();
+        splice(
+            black_box(chat),
+            &req.members,
+            &req.cap_members,
+            target,
+            field,
+            31768,
+        )
+        .len()
+    });
+    per_request!("decide", 30, |req, chat| decide(
+        black_box(req),
+        black_box(chat),
+        &config,
+        cached(),
+        None
+    )
+    .prompt);
     group!("hit_path", |body, _i| {
         let req = analyze(body, &config).expect("chat");
         let key = cache_key(&req, body, ROUTE, Some(32768));

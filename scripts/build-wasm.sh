@@ -25,8 +25,7 @@ say() { printf '==> %s\n' "$*" >&2; }
 (cd "$ROOT" && cargo build --release --target wasm32-wasip1 -q)
 [ -f "$RAW" ] || { echo "build-wasm: cargo produced no $RAW" >&2; exit 1; }
 
-if [ "${INCONTEXT_NO_WASM_OPT:-0}" = 1 ]; then
-  cp "$RAW" "$OUT.tmp" && mv "$OUT.tmp" "$OUT"
+if [ "${INCONTEXT_NO_WASM_OPT:-0}" = 1 ]; then   # cargo has just linked OUT to RAW
   say "incontext.wasm: $(stat -c %s "$OUT") bytes (wasm-opt skipped)"
   exit 0
 fi

@@ -181,6 +181,19 @@ pub fn is_valid_json(b: &[u8]) -> bool {
             *i += 1;
         }
     };
+    // `"key" :` at i (no white space before it), and the white space after the colon.
+    let key = |i: &mut usize| {
+        if !string(b, i) {
+            return false;
+        }
+        ws(i);
+        if b.get(*i) != Some(&b':') {
+            return false;
+        }
+        *i += 1;
+        ws(i);
+        true
+    };
     // Stack of open containers: true = object, false = array.
     let mut stack: Vec<bool> = Vec::new();
     let mut i = 0;
@@ -195,15 +208,9 @@ pub fn is_valid_json(b: &[u8]) -> bool {
                     i += 1;
                 } else {
                     stack.push(true);
-                    if !string(b, &mut i) {
+                    if !key(&mut i) {
                         return false;
                     }
-                    ws(&mut i);
-                    if b.get(i) != Some(&b':') {
-                        return false;
-                    }
-                    i += 1;
-                    ws(&mut i);
                     continue 'value;
                 }
             }
@@ -250,15 +257,9 @@ pub fn is_valid_json(b: &[u8]) -> bool {
                 (Some(b','), true) => {
                     i += 1;
                     ws(&mut i);
-                    if !string(b, &mut i) {
+                    if !key(&mut i) {
                         return false;
                     }
-                    ws(&mut i);
-                    if b.get(i) != Some(&b':') {
-                        return false;
-                    }
-                    i += 1;
-                    ws(&mut i);
                     continue 'value;
                 }
                 (Some(b','), false) => {

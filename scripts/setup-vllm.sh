@@ -14,8 +14,8 @@
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-VENV="${INCONTEXT_VLLM_VENV:-$REPO/.venv-vllm}"
-MODEL_DIR="${INCONTEXT_VLLM_MODEL:-$REPO/.cache/model/qwen3-tiny}"
+# shellcheck source=scripts/vllm-paths.sh
+. "$REPO/scripts/vllm-paths.sh"   # VENV, MODEL_DIR
 REQS="$REPO/scripts/vllm-requirements.txt"
 MAKE_MODEL="$REPO/scripts/make-model.py"
 CACHE="$REPO/.cache"

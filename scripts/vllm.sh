@@ -18,8 +18,8 @@
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-VENV="${INCONTEXT_VLLM_VENV:-$REPO/.venv-vllm}"
-MODEL_DIR="${INCONTEXT_VLLM_MODEL:-$REPO/.cache/model/qwen3-tiny}"
+# shellcheck source=scripts/vllm-paths.sh
+. "$REPO/scripts/vllm-paths.sh"   # VENV, MODEL_DIR
 MAX_MODEL_LEN="${INCONTEXT_VLLM_MAX_MODEL_LEN:-512}"
 TIMEOUT="${INCONTEXT_VLLM_START_TIMEOUT:-300}"
 STATE="${INCONTEXT_VLLM_STATE:-$REPO/.cache}"

@@ -29,41 +29,71 @@ pub fn container_end(body: &[u8], start: usize) -> Option<usize> {
     if !matches!(body.get(start), Some(b'[' | b'{')) {
         return None;
     }
-    let mut depth: u64 = 0;
-    let mut in_string: u64 = 0; // all ones when the previous block ended inside a string
-    let mut escape_next = false; // the previous block ended with an unescaped backslash
-    let mut pos = start;
-    while pos < body.len() {
-        let m = classify(&body[pos..]);
-        let escaped = escaped(m.backslash, &mut escape_next);
-        let inside = prefix_xor(m.quote & !escaped) ^ in_string;
-        in_string = ((inside as i64) >> 63) as u64;
+    let rest = body.get(start..)?;
+    let mut walk = Walk::default();
+    let mut blocks = rest.chunks_exact(BLOCK);
+    for (k, block) in blocks.by_ref().enumerate() {
+        if let Some(end) = walk.step(classify_block(block)) {
+            return Some(start + k * BLOCK + end);
+        }
+    }
+    let tail = blocks.remainder();
+    if tail.is_empty() {
+        return None;
+    }
+    // The last, short block, padded with spaces.
+    let mut block = [b' '; BLOCK];
+    block[..tail.len()].copy_from_slice(tail);
+    let end = walk.step(classify_block(&block))?;
+    Some(start + (rest.len() - tail.len()) + end)
+}
+
+/// What carries from one block to the next.
+#[derive(Default)]
+struct Walk {
+    depth: u64,
+    /// All ones when the previous block ended inside a string.
+    in_string: u64,
+    /// The previous block ended with an unescaped backslash.
+    escape_next: bool,
+}
+
+impl Walk {
+    /// One block: the offset just past the closing bracket when the container ends in it.
+    #[inline(always)]
+    fn step(&mut self, m: Masks) -> Option<usize> {
+        let escaped = escaped(m.backslash, &mut self.escape_next);
+        let inside = prefix_xor(m.quote & !escaped) ^ self.in_string;
+        self.in_string = ((inside as i64) >> 63) as u64;
         let open = m.open & !inside & !escaped;
         let close = m.close & !inside & !escaped;
-        if u64::from(close.count_ones()) < depth {
-            depth = depth + u64::from(open.count_ones()) - u64::from(close.count_ones());
-        } else {
-            let mut brackets = open | close;
-            while brackets != 0 {
-                let bit = brackets & brackets.wrapping_neg();
-                if open & bit != 0 {
-                    depth += 1;
-                } else {
-                    depth = depth.checked_sub(1)?;
-                    if depth == 0 {
-                        return Some(pos + bit.trailing_zeros() as usize + 1);
-                    }
-                }
-                brackets &= brackets - 1;
-            }
+        let closes = u64::from(close.count_ones());
+        if closes < self.depth {
+            // Cannot reach depth zero here: count, do not walk.
+            self.depth = self.depth + u64::from(open.count_ones()) - closes;
+            return None;
         }
-        pos += BLOCK;
+        let mut brackets = open | close;
+        while brackets != 0 {
+            let bit = brackets & brackets.wrapping_neg();
+            if open & bit != 0 {
+                self.depth += 1;
+            } else {
+                // The container's own bracket opened first, so depth is at least 1 here.
+                self.depth = self.depth.saturating_sub(1);
+                if self.depth == 0 {
+                    return Some(bit.trailing_zeros() as usize + 1);
+                }
+            }
+            brackets &= brackets - 1;
+        }
+        None
     }
-    None
 }
 
 /// Bits after which every bit is flipped at each set bit: 1 from an opening quote up to (not
 /// including) its closing quote.
+#[inline(always)]
 fn prefix_xor(mut x: u64) -> u64 {
     x ^= x << 1;
     x ^= x << 2;
@@ -75,37 +105,20 @@ fn prefix_xor(mut x: u64) -> u64 {
 }
 
 /// The bytes escaped by a backslash (the byte right after an escaping backslash; a backslash
-/// that is itself escaped escapes nothing). Walks the backslashes only.
+/// that is itself escaped escapes nothing). Branch-free, as in simdjson: a run of backslashes
+/// escapes the byte after it when its length is odd, told by where the run starts (odd or
+/// even position) and an addition that carries through the run.
+#[inline(always)]
 fn escaped(backslash: u64, escape_next: &mut bool) -> u64 {
-    let mut out = 0u64;
-    let mut starts = backslash;
-    if std::mem::take(escape_next) {
-        out |= 1;
-        starts &= !1;
-    }
-    while starts != 0 {
-        let i = starts.trailing_zeros();
-        if i == 63 {
-            *escape_next = true;
-            break;
-        }
-        let next = 1u64 << (i + 1);
-        out |= next;
-        starts &= !(1u64 << i) & !next;
-    }
-    out
-}
-
-/// The masks of the first 64 bytes of `bytes` (past its end: as if spaces).
-fn classify(bytes: &[u8]) -> Masks {
-    match bytes.get(..BLOCK) {
-        Some(block) => classify_block(block),
-        None => {
-            let mut block = [b' '; BLOCK];
-            block[..bytes.len()].copy_from_slice(bytes);
-            classify_block(&block)
-        }
-    }
+    const EVEN: u64 = 0x5555_5555_5555_5555;
+    let carried = u64::from(*escape_next);
+    let backslash = backslash & !carried;
+    let follows_escape = (backslash << 1) | carried;
+    let odd_starts = backslash & !EVEN & !follows_escape;
+    let (even_runs, overflow) = odd_starts.overflowing_add(backslash);
+    *escape_next = overflow;
+    let invert = even_runs << 1;
+    (EVEN ^ invert) & follows_escape
 }
 
 #[cfg(not(any(
@@ -139,26 +152,40 @@ fn classify_scalar(block: &[u8]) -> Masks {
     m
 }
 
+/// wasm `simd128`: four 16-byte loads, each compared and reduced to 16 mask bits. Written out
+/// (not a loop over chunks) so that the size-optimised build keeps it unrolled and inlined:
+/// the loop form ran at half the speed in V8.
 #[cfg(all(target_family = "wasm", target_feature = "simd128"))]
+#[inline(always)]
 fn classify_block(block: &[u8]) -> Masks {
     use core::arch::wasm32::*;
-    let quote = u8x16_splat(b'"');
-    let backslash = u8x16_splat(b'\\');
-    let case = u8x16_splat(0x20); // '[' | 0x20 == '{', ']' | 0x20 == '}'
-    let open = u8x16_splat(b'{');
-    let close = u8x16_splat(b'}');
-    let mut m = Masks::default();
-    for (k, chunk) in block.chunks_exact(16).take(4).enumerate() {
-        // SAFETY: `chunk` is 16 readable bytes; wasm loads need no alignment.
-        let v = unsafe { v128_load(chunk.as_ptr().cast::<v128>()) };
-        let folded = v128_or(v, case);
-        let shift = 16 * k;
-        m.quote |= u64::from(u8x16_bitmask(u8x16_eq(v, quote))) << shift;
-        m.backslash |= u64::from(u8x16_bitmask(u8x16_eq(v, backslash))) << shift;
-        m.open |= u64::from(u8x16_bitmask(u8x16_eq(folded, open))) << shift;
-        m.close |= u64::from(u8x16_bitmask(u8x16_eq(folded, close))) << shift;
+    #[inline(always)]
+    fn bits(v: &[v128; 4], f: impl Fn(v128) -> v128) -> u64 {
+        u64::from(u8x16_bitmask(f(v[0])))
+            | u64::from(u8x16_bitmask(f(v[1]))) << 16
+            | u64::from(u8x16_bitmask(f(v[2]))) << 32
+            | u64::from(u8x16_bitmask(f(v[3]))) << 48
     }
-    m
+    let Some(block) = block.get(..BLOCK) else {
+        return classify_scalar(block);
+    };
+    let p = block.as_ptr().cast::<v128>();
+    // SAFETY: `block` is 64 readable bytes, four v128; wasm loads need no alignment.
+    let v = unsafe {
+        [
+            v128_load(p),
+            v128_load(p.add(1)),
+            v128_load(p.add(2)),
+            v128_load(p.add(3)),
+        ]
+    };
+    let case = u8x16_splat(0x20); // '[' | 0x20 == '{', ']' | 0x20 == '}'
+    Masks {
+        quote: bits(&v, |x| u8x16_eq(x, u8x16_splat(b'"'))),
+        backslash: bits(&v, |x| u8x16_eq(x, u8x16_splat(b'\\'))),
+        open: bits(&v, |x| u8x16_eq(v128_or(x, case), u8x16_splat(b'{'))),
+        close: bits(&v, |x| u8x16_eq(v128_or(x, case), u8x16_splat(b'}'))),
+    }
 }
 
 /// Native builds on x86_64 (tests, fuzzing, the criterion bench): SSE2, which every x86_64

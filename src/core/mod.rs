@@ -1,9 +1,12 @@
 //! The pure core: no host calls, everything testable natively.
 
+pub mod blocks;
 pub mod cache;
 pub mod caps;
+pub mod compact;
 pub mod config;
 pub mod estimate;
+pub mod find;
 pub mod payload;
 pub mod plan;
 pub mod reason;

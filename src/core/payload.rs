@@ -4,68 +4,11 @@
 //! separators=(",", ":"))` of the request would), and message / `chat_template_kwargs`
 //! objects are rewritten member by member where a key has to change.
 
+use super::compact::{compact, compact_plain, write_string};
+use super::find::contains;
 use super::request::{Form, Request};
 use super::scan::{scan, Member};
 use serde_json::value::RawValue;
-
-/// Appends `raw` (valid JSON) in compact form: no white space outside strings. Strings are
-/// copied as they are unless they hold a `\u` or `\/` escape: those are decoded and written
-/// again (non-ASCII as raw UTF-8), as Python's `json.dumps(ensure_ascii=False)` would; the
-/// other escapes (`\n`, `\"`, `\\` …) are written the same way by both.
-pub fn compact(raw: &str, out: &mut Vec<u8>) -> Option<()> {
-    let bytes = raw.as_bytes();
-    let mut i = 0;
-    let mut run = 0; // start of the bytes not yet copied
-    while i < bytes.len() {
-        match bytes[i] {
-            b' ' | b'\t' | b'\n' | b'\r' => {
-                out.extend_from_slice(&bytes[run..i]);
-                i += 1;
-                run = i;
-            }
-            b'"' => {
-                let (end, normalise) = string_end(bytes, i)?;
-                if normalise {
-                    out.extend_from_slice(&bytes[run..i]);
-                    write_string(&raw[i..end], out)?;
-                    run = end;
-                }
-                i = end;
-            }
-            _ => i += 1,
-        }
-    }
-    out.extend_from_slice(&bytes[run..]);
-    Some(())
-}
-
-/// The index just past the closing quote of the string starting at `start`, and whether
-/// the string holds an escape that Python would write differently (`\u`, `\/`).
-fn string_end(bytes: &[u8], start: usize) -> Option<(usize, bool)> {
-    let mut normalise = false;
-    let mut i = start + 1;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'\\' => {
-                normalise |= matches!(bytes.get(i + 1), Some(b'u' | b'/'));
-                i += 2;
-            }
-            b'"' => return Some((i + 1, normalise)),
-            _ => i += 1,
-        }
-    }
-    None
-}
-
-/// Writes one JSON string token (with its quotes), normalising escapes.
-fn write_string(token: &str, out: &mut Vec<u8>) -> Option<()> {
-    if !token.contains('\\') {
-        out.extend_from_slice(token.as_bytes());
-        return Some(());
-    }
-    let decoded: String = serde_json::from_str(token).ok()?;
-    serde_json::to_writer(&mut *out, &decoded).ok()
-}
 
 /// The raw text of a member's key (with quotes).
 fn key_text<'a>(object: &'a str, m: &Member) -> &'a str {
@@ -120,6 +63,28 @@ fn write_message(message: &str, out: &mut Vec<u8>) -> Option<()> {
         write_member(message, m, rename, out)?;
     }
     out.push(b'}');
+    Some(())
+}
+
+/// The `messages` array. Without a `reasoning_content` key and without `\\u` or `\\/` escapes
+/// (nearly always) that is the array compacted as a whole; otherwise message by message.
+fn write_messages(messages: &str, out: &mut Vec<u8>) -> Option<()> {
+    let mark = out.len();
+    if !contains(messages.as_bytes(), b"reasoning_content")
+        && compact_plain(messages.as_bytes(), out)
+    {
+        return Some(());
+    }
+    out.truncate(mark);
+    let messages: Vec<&RawValue> = serde_json::from_str(messages).ok()?;
+    out.push(b'[');
+    for (i, m) in messages.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        write_message(m.get(), out)?;
+    }
+    out.push(b']');
     Some(())
 }
 
@@ -231,18 +196,11 @@ pub fn payload(req: &Request, body: &[u8]) -> Option<Vec<u8>> {
             )?;
         }
         Form::Chat => {
-            let messages: Vec<&RawValue> = serde_json::from_str(req.raw(body, f.messages)?).ok()?;
             if out.len() > 1 {
                 out.push(b',');
             }
-            out.extend_from_slice(b"\"messages\":[");
-            for (i, m) in messages.iter().enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                write_message(m.get(), &mut out)?;
-            }
-            out.push(b']');
+            out.extend_from_slice(b"\"messages\":");
+            write_messages(req.raw(body, f.messages)?, &mut out)?;
             let tools = req.raw(body, f.tools).filter(|t| t.starts_with('['));
             field(&mut out, "tools", tools)?;
             let agp = req.raw(body, f.add_generation_prompt).or(Some("true"));
@@ -279,12 +237,6 @@ pub fn payload(req: &Request, body: &[u8]) -> Option<Vec<u8>> {
 mod tests {
     use super::*;
 
-    fn compacted(raw: &str) -> String {
-        let mut out = Vec::new();
-        compact(raw, &mut out).unwrap();
-        String::from_utf8(out).unwrap()
-    }
-
     #[test]
     fn escaped_spellings_are_seen() {
         use crate::core::config::Config;
@@ -302,19 +254,5 @@ mod tests {
             p(r#"{"messages":[],"reasoning_effort":"\u006eone"}"#),
             r#"{"messages":[],"add_generation_prompt":true,"chat_template_kwargs":{"reasoning_effort":"none","enable_thinking":false}}"#
         );
-    }
-
-    #[test]
-    fn compact_form() {
-        assert_eq!(
-            compacted(" { \"a\" : [ 1 , 2.50 , true ] ,\n \"b\" : \" x  y \" } "),
-            r#"{"a":[1,2.50,true],"b":" x  y "}"#
-        );
-        assert_eq!(
-            compacted(r#""caf\u00e9 \ud83d\ude00 \/ \" \\ \n \u0001""#),
-            "\"café 😀 / \\\" \\\\ \\n \\u0001\""
-        );
-        assert_eq!(compacted(r#""\"""#), r#""\"""#);
-        assert_eq!(compacted(r#"{"k\u0041":"v"}"#), r#"{"kA":"v"}"#);
     }
 }

@@ -12,16 +12,7 @@
 //! JSON it is some position or `None`; callers validate whatever they did not get from the
 //! cache.
 
-const BLOCK: usize = 64;
-
-/// The bit masks of one 64-byte block (bit i = byte i).
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-struct Masks {
-    quote: u64,
-    backslash: u64,
-    open: u64,
-    close: u64,
-}
+use super::blocks::{classify, Masks, Strings, BLOCK};
 
 /// The end (exclusive) of the array or object that opens at `start`, or `None` when
 /// `body[start]` opens none or it never closes.
@@ -31,40 +22,26 @@ pub fn container_end(body: &[u8], start: usize) -> Option<usize> {
     }
     let rest = body.get(start..)?;
     let mut walk = Walk::default();
-    let mut blocks = rest.chunks_exact(BLOCK);
-    for (k, block) in blocks.by_ref().enumerate() {
-        if let Some(end) = walk.step(classify_block(block)) {
+    for (k, block) in rest.chunks(BLOCK).enumerate() {
+        if let Some(end) = walk.step(&classify(block)) {
             return Some(start + k * BLOCK + end);
         }
     }
-    let tail = blocks.remainder();
-    if tail.is_empty() {
-        return None;
-    }
-    // The last, short block, padded with spaces.
-    let mut block = [b' '; BLOCK];
-    block[..tail.len()].copy_from_slice(tail);
-    let end = walk.step(classify_block(&block))?;
-    Some(start + (rest.len() - tail.len()) + end)
+    None
 }
 
 /// What carries from one block to the next.
 #[derive(Default)]
 struct Walk {
     depth: u64,
-    /// All ones when the previous block ended inside a string.
-    in_string: u64,
-    /// The previous block ended with an unescaped backslash.
-    escape_next: bool,
+    strings: Strings,
 }
 
 impl Walk {
     /// One block: the offset just past the closing bracket when the container ends in it.
     #[inline(always)]
-    fn step(&mut self, m: Masks) -> Option<usize> {
-        let escaped = escaped(m.backslash, &mut self.escape_next);
-        let inside = prefix_xor(m.quote & !escaped) ^ self.in_string;
-        self.in_string = ((inside as i64) >> 63) as u64;
+    fn step(&mut self, m: &Masks) -> Option<usize> {
+        let (escaped, inside) = self.strings.step(m);
         let open = m.open & !inside & !escaped;
         let close = m.close & !inside & !escaped;
         let closes = u64::from(close.count_ones());
@@ -89,130 +66,6 @@ impl Walk {
         }
         None
     }
-}
-
-/// Bits after which every bit is flipped at each set bit: 1 from an opening quote up to (not
-/// including) its closing quote.
-#[inline(always)]
-fn prefix_xor(mut x: u64) -> u64 {
-    x ^= x << 1;
-    x ^= x << 2;
-    x ^= x << 4;
-    x ^= x << 8;
-    x ^= x << 16;
-    x ^= x << 32;
-    x
-}
-
-/// The bytes escaped by a backslash (the byte right after an escaping backslash; a backslash
-/// that is itself escaped escapes nothing). Branch-free, as in simdjson: a run of backslashes
-/// escapes the byte after it when its length is odd, told by where the run starts (odd or
-/// even position) and an addition that carries through the run.
-#[inline(always)]
-fn escaped(backslash: u64, escape_next: &mut bool) -> u64 {
-    const EVEN: u64 = 0x5555_5555_5555_5555;
-    let carried = u64::from(*escape_next);
-    let backslash = backslash & !carried;
-    let follows_escape = (backslash << 1) | carried;
-    let odd_starts = backslash & !EVEN & !follows_escape;
-    let (even_runs, overflow) = odd_starts.overflowing_add(backslash);
-    *escape_next = overflow;
-    let invert = even_runs << 1;
-    (EVEN ^ invert) & follows_escape
-}
-
-#[cfg(not(any(
-    all(target_family = "wasm", target_feature = "simd128"),
-    target_arch = "x86_64"
-)))]
-fn classify_block(block: &[u8]) -> Masks {
-    classify_scalar(block)
-}
-
-/// The byte loop: the fallback, and the reference the vector classifiers are tested against.
-#[cfg_attr(
-    any(
-        all(target_family = "wasm", target_feature = "simd128"),
-        target_arch = "x86_64"
-    ),
-    allow(dead_code)
-)]
-fn classify_scalar(block: &[u8]) -> Masks {
-    let mut m = Masks::default();
-    for (i, &b) in block.iter().take(BLOCK).enumerate() {
-        let bit = 1u64 << i;
-        match b {
-            b'"' => m.quote |= bit,
-            b'\\' => m.backslash |= bit,
-            b'[' | b'{' => m.open |= bit,
-            b']' | b'}' => m.close |= bit,
-            _ => {}
-        }
-    }
-    m
-}
-
-/// wasm `simd128`: four 16-byte loads, each compared and reduced to 16 mask bits. Written out
-/// (not a loop over chunks) so that the size-optimised build keeps it unrolled and inlined:
-/// the loop form ran at half the speed in V8.
-#[cfg(all(target_family = "wasm", target_feature = "simd128"))]
-#[inline(always)]
-fn classify_block(block: &[u8]) -> Masks {
-    use core::arch::wasm32::*;
-    #[inline(always)]
-    fn bits(v: &[v128; 4], f: impl Fn(v128) -> v128) -> u64 {
-        u64::from(u8x16_bitmask(f(v[0])))
-            | u64::from(u8x16_bitmask(f(v[1]))) << 16
-            | u64::from(u8x16_bitmask(f(v[2]))) << 32
-            | u64::from(u8x16_bitmask(f(v[3]))) << 48
-    }
-    let Some(block) = block.get(..BLOCK) else {
-        return classify_scalar(block);
-    };
-    let p = block.as_ptr().cast::<v128>();
-    // SAFETY: `block` is 64 readable bytes, four v128; wasm loads need no alignment.
-    let v = unsafe {
-        [
-            v128_load(p),
-            v128_load(p.add(1)),
-            v128_load(p.add(2)),
-            v128_load(p.add(3)),
-        ]
-    };
-    let case = u8x16_splat(0x20); // '[' | 0x20 == '{', ']' | 0x20 == '}'
-    Masks {
-        quote: bits(&v, |x| u8x16_eq(x, u8x16_splat(b'"'))),
-        backslash: bits(&v, |x| u8x16_eq(x, u8x16_splat(b'\\'))),
-        open: bits(&v, |x| u8x16_eq(v128_or(x, case), u8x16_splat(b'{'))),
-        close: bits(&v, |x| u8x16_eq(v128_or(x, case), u8x16_splat(b'}'))),
-    }
-}
-
-/// Native builds on x86_64 (tests, fuzzing, the criterion bench): SSE2, which every x86_64
-/// CPU has.
-#[cfg(target_arch = "x86_64")]
-fn classify_block(block: &[u8]) -> Masks {
-    use std::arch::x86_64::*;
-    let mut m = Masks::default();
-    // SAFETY: SSE2 is part of the x86_64 baseline; each `chunk` is 16 readable bytes and
-    // `_mm_loadu_si128` needs no alignment.
-    unsafe {
-        let quote = _mm_set1_epi8(b'"' as i8);
-        let backslash = _mm_set1_epi8(b'\\' as i8);
-        let case = _mm_set1_epi8(0x20);
-        let open = _mm_set1_epi8(b'{' as i8);
-        let close = _mm_set1_epi8(b'}' as i8);
-        for (k, chunk) in block.chunks_exact(16).take(4).enumerate() {
-            let v = _mm_loadu_si128(chunk.as_ptr().cast::<__m128i>());
-            let folded = _mm_or_si128(v, case);
-            let bits = |x: __m128i| u64::from(_mm_movemask_epi8(x) as u16) << (16 * k);
-            m.quote |= bits(_mm_cmpeq_epi8(v, quote));
-            m.backslash |= bits(_mm_cmpeq_epi8(v, backslash));
-            m.open |= bits(_mm_cmpeq_epi8(folded, open));
-            m.close |= bits(_mm_cmpeq_epi8(folded, close));
-        }
-    }
-    m
 }
 
 #[cfg(test)]
@@ -252,14 +105,6 @@ mod tests {
             }
         }
         None
-    }
-
-    proptest! {
-        /// The vector classifier (SSE2 natively, simd128 in wasm) equals the byte loop.
-        #[test]
-        fn classifiers_agree(block in prop::collection::vec(any::<u8>(), 64)) {
-            prop_assert_eq!(classify_block(&block), classify_scalar(&block));
-        }
     }
 
     #[test]

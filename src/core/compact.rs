@@ -1,0 +1,235 @@
+//! JSON values in compact form, as the `/tokenize` payload needs them (SPEC §5): no white
+//! space outside strings, and strings as Python's `json.dumps(ensure_ascii=False)` writes them.
+//!
+//! Most text has no `\\u` or `\\/` escape. It is compacted 64 bytes at a time from the block
+//! masks (`blocks.rs`): white space outside strings is dropped, every other byte copied in
+//! runs. Text with such an escape goes through the byte loop, which decodes and rewrites the
+//! strings that hold one.
+
+use super::blocks::{classify, Strings, BLOCK};
+
+/// Appends `raw` (valid JSON) in compact form: no white space outside strings. Strings are
+/// copied as they are unless they hold a `\u` or `\/` escape: those are decoded and written
+/// again (non-ASCII as raw UTF-8), as Python's `json.dumps(ensure_ascii=False)` would; the
+/// other escapes (`\n`, `\"`, `\\` …) are written the same way by both.
+pub fn compact(raw: &str, out: &mut Vec<u8>) -> Option<()> {
+    let mark = out.len();
+    if compact_plain(raw.as_bytes(), out) {
+        return Some(());
+    }
+    out.truncate(mark);
+    compact_normalising(raw, out)
+}
+
+/// The block-wise fast path of [`compact`]: appends `raw` without white space outside
+/// strings and returns true, or returns false (having appended part of it) when a string
+/// holds a `\u` or `\/` escape or never ends.
+pub fn compact_plain(raw: &[u8], out: &mut Vec<u8>) -> bool {
+    // Never longer than `raw`; the slack lets every run be copied as one fixed 64-byte move.
+    out.reserve(raw.len() + BLOCK);
+    let base = out.len();
+    let mut written = 0;
+    let mut strings = Strings::default();
+    let mut plain = true;
+    for (k, block) in raw.chunks(BLOCK).enumerate() {
+        let m = classify(block);
+        let (escaped, inside) = strings.step(&m);
+        if escaped != 0 && writes_differently(block, escaped) {
+            plain = false;
+            break;
+        }
+        let valid = u64::MAX >> (BLOCK - block.len());
+        let mut keep = !(m.space & !inside) & valid;
+        while keep != 0 {
+            let start = keep.trailing_zeros();
+            let run = (!(keep >> start)).trailing_zeros().min(64 - start);
+            let from = k * BLOCK + start as usize;
+            let len = run as usize;
+            debug_assert!(written + BLOCK <= out.capacity() - base && from + len <= raw.len());
+            // SAFETY: `out` has room for `raw.len() + BLOCK` bytes after `base` and `written`
+            // never exceeds `raw.len()`, so 64 bytes fit at `base + written`. The source is
+            // inside `raw`: 64 bytes when they fit, else exactly the run. A fixed 64-byte move
+            // compiles to a few vector loads and stores; the bytes past the run are
+            // overwritten by the next run or lie past the final length.
+            unsafe {
+                let src = raw.as_ptr().add(from);
+                let dst = out.as_mut_ptr().add(base + written);
+                if from + BLOCK <= raw.len() {
+                    copy_block(src, dst);
+                } else {
+                    std::ptr::copy_nonoverlapping(src, dst, len);
+                }
+            }
+            written += len;
+            keep &= !((u64::MAX >> (64 - run)) << start);
+        }
+    }
+    // SAFETY: the first `written` spare bytes were written just above, in order.
+    unsafe { out.set_len(base + written) };
+    plain && !strings.in_string()
+}
+
+/// Copies 64 bytes. In wasm as four vector loads and stores: a `memory.copy` (what a fixed
+/// `copy_nonoverlapping` compiles to there) is a call out of the module in V8.
+///
+/// # Safety
+/// `src` must be readable and `dst` writable for 64 bytes, not overlapping.
+#[inline(always)]
+unsafe fn copy_block(src: *const u8, dst: *mut u8) {
+    #[cfg(all(target_family = "wasm", target_feature = "simd128"))]
+    {
+        use core::arch::wasm32::*;
+        let (s, d) = (src.cast::<v128>(), dst.cast::<v128>());
+        for k in 0..4 {
+            v128_store(d.add(k), v128_load(s.add(k)));
+        }
+    }
+    #[cfg(not(all(target_family = "wasm", target_feature = "simd128")))]
+    std::ptr::copy_nonoverlapping(src, dst, BLOCK);
+}
+
+/// Whether an escaped byte of `block` is `u` or `/` (an escape Python writes differently).
+fn writes_differently(block: &[u8], mut escaped: u64) -> bool {
+    while escaped != 0 {
+        let i = escaped.trailing_zeros() as usize;
+        if matches!(block.get(i), Some(b'u' | b'/')) {
+            return true;
+        }
+        escaped &= escaped - 1;
+    }
+    false
+}
+
+/// Appends `raw` (valid JSON) in compact form: no white space outside strings. Strings are
+/// copied as they are unless they hold a `\u` or `\/` escape: those are decoded and written
+/// again (non-ASCII as raw UTF-8), as Python's `json.dumps(ensure_ascii=False)` would; the
+/// other escapes (`\n`, `\"`, `\\` …) are written the same way by both.
+fn compact_normalising(raw: &str, out: &mut Vec<u8>) -> Option<()> {
+    let bytes = raw.as_bytes();
+    let mut i = 0;
+    let mut run = 0; // start of the bytes not yet copied
+    while i < bytes.len() {
+        match bytes[i] {
+            b' ' | b'\t' | b'\n' | b'\r' => {
+                out.extend_from_slice(&bytes[run..i]);
+                i += 1;
+                run = i;
+            }
+            b'"' => {
+                let (end, normalise) = string_end(bytes, i)?;
+                if normalise {
+                    out.extend_from_slice(&bytes[run..i]);
+                    write_string(&raw[i..end], out)?;
+                    run = end;
+                }
+                i = end;
+            }
+            _ => i += 1,
+        }
+    }
+    out.extend_from_slice(&bytes[run..]);
+    Some(())
+}
+
+/// The index just past the closing quote of the string starting at `start`, and whether
+/// the string holds an escape that Python would write differently (`\u`, `\/`).
+fn string_end(bytes: &[u8], start: usize) -> Option<(usize, bool)> {
+    let mut normalise = false;
+    let mut i = start + 1;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'\\' => {
+                normalise |= matches!(bytes.get(i + 1), Some(b'u' | b'/'));
+                i += 2;
+            }
+            b'"' => return Some((i + 1, normalise)),
+            _ => i += 1,
+        }
+    }
+    None
+}
+
+/// Writes one JSON string token (with its quotes), normalising escapes.
+pub fn write_string(token: &str, out: &mut Vec<u8>) -> Option<()> {
+    if !token.contains('\\') {
+        out.extend_from_slice(token.as_bytes());
+        return Some(());
+    }
+    let decoded: String = serde_json::from_str(token).ok()?;
+    serde_json::to_writer(&mut *out, &decoded).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn compacted(raw: &str) -> String {
+        let mut out = Vec::new();
+        compact(raw, &mut out).unwrap();
+        String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn compact_form() {
+        assert_eq!(
+            compacted(" { \"a\" : [ 1 , 2.50 , true ] ,\n \"b\" : \" x  y \" } "),
+            r#"{"a":[1,2.50,true],"b":" x  y "}"#
+        );
+        assert_eq!(
+            compacted(r#""caf\u00e9 \ud83d\ude00 \/ \" \\ \n \u0001""#),
+            "\"café 😀 / \\\" \\\\ \\n \\u0001\""
+        );
+        assert_eq!(compacted(r#""\"""#), r#""\"""#);
+        assert_eq!(compacted(r#"{"k\u0041":"v"}"#), r#"{"kA":"v"}"#);
+    }
+
+    /// The byte loop alone.
+    fn normalised(raw: &str) -> Option<Vec<u8>> {
+        let mut out = Vec::new();
+        compact_normalising(raw, &mut out).map(|()| out)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+
+        /// The block-wise path writes what the byte loop writes, whenever it applies, across
+        /// block edges; and it declines every text that holds a `\u` or `\/` escape.
+        #[test]
+        fn plain_path_agrees_with_the_byte_loop(
+            items in prop::collection::vec(
+                prop::sample::select(vec![
+                    "\"plain\"", "\"two  spaces\"", " ", "\n", "\t ", "\r\n", ",", ":", "[", "]",
+                    "{", "}", "\"esc \\\" \\\\ \\n\"", "\"\\u00e9\"", "\"a\\/b\"", "\"\\\\u\"", "12.5",
+                    "true", "\"é漢😀\"", "\"a long string that crosses one 64-byte block edge surely\"",
+                ]),
+                0..40,
+            ),
+        ) {
+            let raw = items.concat();
+            let mut fast = Vec::new();
+            let plain = compact_plain(raw.as_bytes(), &mut fast);
+            // Byte by byte: a `\\u` or `\\/` escape, and whether the text ends in a string.
+            let (mut has_escape, mut ends_in_string) = (false, false);
+            let b = raw.as_bytes();
+            let mut i = 0;
+            while i < b.len() {
+                match b[i] {
+                    b'\\' => {
+                        has_escape |= matches!(b.get(i + 1), Some(b'u' | b'/'));
+                        i += 2;
+                    }
+                    b'"' => {
+                        ends_in_string = !ends_in_string;
+                        i += 1;
+                    }
+                    _ => i += 1,
+                }
+            }
+            prop_assert_eq!(plain, !has_escape && !ends_in_string);
+            if plain {
+                prop_assert_eq!(Some(fast), normalised(&raw));
+            }
+        }
+    }
+}

@@ -3,23 +3,70 @@
 
 use super::scan::Member;
 
-/// A rewrite as an edit of the body's head: replace `body[..end]` by `prefix`; the rest of
-/// the body is unchanged. Envoy replaces a buffer's head without copying the rest
-/// (`proxy_set_buffer_bytes(0, end, prefix)` drains `end` bytes and prepends), so the cost
-/// is that of the head only.
+/// A rewrite as an edit of the body's head: replace `body[..end]` by `body[..keep]` followed
+/// by `tail`; the rest of the body is unchanged. Envoy replaces a buffer's head without
+/// copying the rest (`proxy_set_buffer_bytes(0, end, head)` drains `end` bytes and prepends),
+/// so the cost is that of the head only; and when `tail` fits where it goes, the head is the
+/// body's own bytes, patched in place ([`Edit::patch`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Edit {
-    pub prefix: Vec<u8>,
+    /// The end of the body's head that is replaced.
     pub end: usize,
+    /// How much of the body's head stays as it is.
+    pub keep: usize,
+    /// What follows the kept bytes in the new head.
+    pub tail: Vec<u8>,
 }
 
 impl Edit {
+    /// The new head: what replaces `body[..end]`.
+    pub fn head(&self, body: &[u8]) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.keep + self.tail.len());
+        out.extend_from_slice(body.get(..self.keep).unwrap_or_default());
+        out.extend_from_slice(&self.tail);
+        out
+    }
+
+    /// The new head written over the body's own bytes, without a copy of the kept part, when
+    /// the tail fits before `end` (a cap value replaced by one no longer: nearly always).
+    /// `None` (body untouched) otherwise.
+    pub fn patch<'a>(&self, body: &'a mut [u8]) -> Option<&'a [u8]> {
+        let at = body.get_mut(self.keep..self.end)?;
+        let room = at.get_mut(..self.tail.len())?;
+        room.copy_from_slice(&self.tail);
+        body.get(..self.keep + self.tail.len())
+    }
+
     /// The whole rewritten body.
     pub fn apply(&self, body: &[u8]) -> Vec<u8> {
-        let mut out = Vec::with_capacity(self.prefix.len() + body.len().saturating_sub(self.end));
-        out.extend_from_slice(&self.prefix);
-        out.extend_from_slice(body.get(self.end..).unwrap_or_default());
+        let rest = body.get(self.end..).unwrap_or_default();
+        let mut out = Vec::with_capacity(self.keep + self.tail.len() + rest.len());
+        out.extend_from_slice(body.get(..self.keep).unwrap_or_default());
+        out.extend_from_slice(&self.tail);
+        out.extend_from_slice(rest);
         out
+    }
+}
+
+/// The new head as it is written: bytes copied from the body in order from its start only
+/// extend the kept part; from the first other write on, everything goes to the tail.
+struct Head<'a> {
+    body: &'a [u8],
+    keep: usize,
+    tail: Vec<u8>,
+}
+
+impl Head<'_> {
+    fn copy(&mut self, range: std::ops::Range<usize>) {
+        if self.tail.is_empty() && range.start == self.keep {
+            self.keep = range.end;
+        } else {
+            self.tail.extend_from_slice(&self.body[range]);
+        }
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        self.tail.extend_from_slice(bytes);
     }
 }
 
@@ -52,12 +99,16 @@ pub fn splice_edit(
         .filter_map(|i| members.get(i).map(|m| (i, m.value.end)))
         .max_by_key(|(_, end)| *end);
     let end = last.map_or(open, |(_, end)| end);
-    let mut out = Vec::with_capacity(end + field.len() + number.len() + 4);
-    out.extend_from_slice(&body[..open]);
+    let mut out = Head {
+        body,
+        keep: 0,
+        tail: Vec::with_capacity(field.len() + number.len() + 4),
+    };
+    out.copy(0..open);
     let mut wrote_any = false;
     if target.is_none() {
         write_key(&mut out, field);
-        out.extend_from_slice(number.as_bytes());
+        out.write(number.as_bytes());
         wrote_any = true;
     }
     let mut prev_end = open;
@@ -67,18 +118,19 @@ pub fn splice_edit(
         }
         // Before the first member there is no separator in the body: after an inserted
         // member it needs a comma.
-        let separator = if i == 0 {
-            &b","[..]
-        } else {
-            &body[prev_end..m.key_start]
-        };
+        let separator = prev_end..m.key_start;
+        let first = i == 0;
         prev_end = m.value.end;
         let is_target = target == Some(i);
         if drop.contains(&i) && !is_target {
             continue;
         }
         if wrote_any {
-            out.extend_from_slice(separator);
+            if first {
+                out.write(b",");
+            } else {
+                out.copy(separator);
+            }
         }
         wrote_any = true;
         if is_target {
@@ -87,20 +139,24 @@ pub fn splice_edit(
             if m.key == field && key_text.is_some_and(|k| &k[1..quoted_len - 1] == field.as_bytes())
             {
                 // Same name written plainly: keep key and spacing, replace the value only.
-                out.extend_from_slice(&body[m.key_start..m.value.start]);
+                out.copy(m.key_start..m.value.start);
             } else {
                 write_key(&mut out, field);
             }
-            out.extend_from_slice(number.as_bytes());
+            out.write(number.as_bytes());
         } else {
-            out.extend_from_slice(&body[m.key_start..m.value.end]);
+            out.copy(m.key_start..m.value.end);
         }
     }
     // A new first member before members that follow unchanged needs its comma.
     if target.is_none() && last.is_none() && !members.is_empty() {
-        out.push(b',');
+        out.write(b",");
     }
-    Edit { prefix: out, end }
+    Edit {
+        end,
+        keep: out.keep,
+        tail: out.tail,
+    }
 }
 
 /// The whole rewritten body (see [`splice_edit`]).
@@ -115,10 +171,10 @@ pub fn splice(
     splice_edit(body, members, drop, target, field, value).apply(body)
 }
 
-fn write_key(out: &mut Vec<u8>, field: &str) {
-    out.push(b'"');
-    out.extend_from_slice(field.as_bytes());
-    out.extend_from_slice(b"\":");
+fn write_key(out: &mut Head, field: &str) {
+    out.write(b"\"");
+    out.write(field.as_bytes());
+    out.write(b"\":");
 }
 
 #[cfg(test)]
@@ -223,19 +279,76 @@ mod tests {
         let m = scan(body.as_bytes()).unwrap();
         let e = splice_edit(body.as_bytes(), &m, &[1], Some(1), "max_tokens", 9);
         assert_eq!(e.end, body.find(",\"messages\"").unwrap());
-        assert_eq!(e.prefix, br#"{"model":"m","max_tokens":9"#);
+        assert_eq!(e.head(body.as_bytes()), br#"{"model":"m","max_tokens":9"#);
+        // The value replaced by a shorter one: the head is the body's own bytes up to it.
+        assert_eq!((e.keep, e.tail.as_slice()), (e.end - 5, &b"9"[..]));
+        let mut patched = body.as_bytes().to_vec();
+        assert_eq!(
+            e.patch(&mut patched),
+            Some(&br#"{"model":"m","max_tokens":9"#[..])
+        );
         // no cap: the new member goes first, nothing else is rebuilt
         let body = r#"{"messages":[]}"#;
         let m = scan(body.as_bytes()).unwrap();
         let e = splice_edit(body.as_bytes(), &m, &[], None, "max_tokens", 9);
         assert_eq!(
-            (e.prefix.as_slice(), e.end),
+            (e.head(body.as_bytes()).as_slice(), e.end),
             (&br#"{"max_tokens":9,"#[..], 1)
         );
+        // No room to write it in place: the head must be built.
+        assert_eq!(e.patch(&mut body.as_bytes().to_vec()), None);
         assert_eq!(
             e.apply(body.as_bytes()),
             br#"{"max_tokens":9,"messages":[]}"#
         );
+    }
+
+    #[test]
+    fn patch_equals_head_whenever_it_applies() {
+        let cases = [
+            (
+                r#"{"max_tokens" : 65536 , "messages":[]}"#,
+                &[0][..],
+                Some(0),
+                "max_tokens",
+            ),
+            (
+                r#"{"max_tokens":1,"messages":[]}"#,
+                &[0][..],
+                Some(0),
+                "max_tokens",
+            ),
+            (
+                r#"{"a":1,"max_completion_tokens":400,"max_tokens":300}"#,
+                &[1, 2][..],
+                Some(2),
+                "max_tokens",
+            ),
+            (
+                r#"{"a":1,"max_tokens":300,"b":2}"#,
+                &[1][..],
+                Some(1),
+                "max_completion_tokens",
+            ),
+        ];
+        for (body, drop, target, field) in cases {
+            let m = scan(body.as_bytes()).unwrap();
+            for value in [7, 4321, 123456] {
+                let e = splice_edit(body.as_bytes(), &m, drop, target, field, value);
+                let head = e.head(body.as_bytes());
+                let mut bytes = body.as_bytes().to_vec();
+                match e.patch(&mut bytes) {
+                    Some(patched) => assert_eq!(patched, head.as_slice(), "{body} {value}"),
+                    None => {
+                        assert!(e.tail.len() > e.end - e.keep, "{body} {value}");
+                        assert_eq!(bytes, body.as_bytes(), "untouched");
+                    }
+                }
+                let mut whole = head.clone();
+                whole.extend_from_slice(&body.as_bytes()[e.end..]);
+                assert_eq!(whole, e.apply(body.as_bytes()));
+            }
+        }
     }
 
     #[test]

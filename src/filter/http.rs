@@ -73,7 +73,7 @@ impl Http {
     }
 
     /// The body is complete: classify it and count. Returns whether to pause.
-    fn start(&mut self, shared: &Rc<Shared>, body: Vec<u8>) -> bool {
+    fn start(&mut self, shared: &Rc<Shared>, mut body: Vec<u8>) -> bool {
         let req = match analyze(&body, &shared.config) {
             Ok(r) => r,
             Err(reason) => {
@@ -92,9 +92,9 @@ impl Http {
                     source: Source::Exact,
                     max_model_len: None,
                 };
-                self.finish(shared, &req, &body, count)
+                self.finish(shared, &req, &mut body, count)
             }
-            Counting::Estimate => self.estimate(shared, &req, &body),
+            Counting::Estimate => self.estimate(shared, &req, &mut body),
         }
     }
 
@@ -110,7 +110,7 @@ impl Http {
         }
     }
 
-    fn tokenize(&mut self, shared: &Rc<Shared>, req: Request, body: Vec<u8>) -> bool {
+    fn tokenize(&mut self, shared: &Rc<Shared>, req: Request, mut body: Vec<u8>) -> bool {
         let config = &shared.config;
         let key = cache_key(&req, &body, &shared.route, config.context_length);
         if let Some(reply) = cache::lookup(key, config.cache_entries) {
@@ -123,7 +123,7 @@ impl Http {
                     source: Source::Cache,
                     max_model_len: Some(reply.max_model_len),
                 };
-                return self.finish(shared, &req, &body, count);
+                return self.finish(shared, &req, &mut body, count);
             }
         }
         if !self.validated(shared, &req, &body) {
@@ -132,7 +132,7 @@ impl Http {
         Metrics::bump(shared.metrics.cache_misses);
         let Some(payload) = payload(&req, &body) else {
             // A field the payload needs does not parse (vLLM would refuse it too).
-            return self.estimate(shared, &req, &body);
+            return self.estimate(shared, &req, &mut body);
         };
         let t = &config.tokenizer;
         let length = payload.len().to_string();
@@ -169,7 +169,7 @@ impl Http {
                     "incontext: tokenizer call not dispatched (host status {})",
                     status as u32
                 );
-                self.failed(shared, Failure::Dispatch, &req, &body)
+                self.failed(shared, Failure::Dispatch, &req, &mut body)
             }
         }
     }
@@ -179,7 +179,7 @@ impl Http {
         shared: &Rc<Shared>,
         failure: Failure,
         req: &Request,
-        body: &[u8],
+        body: &mut [u8],
     ) -> bool {
         shared.metrics.failure(failure);
         log::warn!(
@@ -189,7 +189,7 @@ impl Http {
         self.estimate(shared, req, body)
     }
 
-    fn estimate(&mut self, shared: &Rc<Shared>, req: &Request, body: &[u8]) -> bool {
+    fn estimate(&mut self, shared: &Rc<Shared>, req: &Request, body: &mut [u8]) -> bool {
         Metrics::bump(shared.metrics.estimates);
         match req.estimate(body) {
             Some(tokens) => {
@@ -209,7 +209,13 @@ impl Http {
 
     /// Decides and applies the outcome. Returns whether the request stays paused (only
     /// when answered locally).
-    fn finish(&mut self, shared: &Rc<Shared>, req: &Request, body: &[u8], count: Count) -> bool {
+    fn finish(
+        &mut self,
+        shared: &Rc<Shared>,
+        req: &Request,
+        body: &mut [u8],
+        count: Count,
+    ) -> bool {
         let config = &shared.config;
         // A count without its own max_model_len (an estimate, token ids) uses the context
         // length learned earlier for this model, when none is configured.
@@ -221,10 +227,17 @@ impl Http {
         let counted = Some((decision.prompt, decision.source));
         match decision.outcome {
             Outcome::Rewrite { edit, value } => {
-                // Replaces only the head of the buffered body (Envoy drains and prepends).
-                if let Err(e) =
-                    host::set_buffer(BufferType::HttpRequestBody, 0, edit.end, &edit.prefix)
-                {
+                // Replaces only the head of the buffered body (Envoy drains and prepends),
+                // written over our copy of the body when it fits there.
+                let built;
+                let head = match edit.patch(body) {
+                    Some(head) => head,
+                    None => {
+                        built = edit.head(body);
+                        &built
+                    }
+                };
+                if let Err(e) = host::set_buffer(BufferType::HttpRequestBody, 0, edit.end, head) {
                     log::warn!("incontext: cannot replace the body (host status {})", e.0);
                     self.unchanged(shared, Reason::Internal, counted);
                     return false;
@@ -332,7 +345,7 @@ impl Context for Http {
             };
             parse_reply(status, &body, shared.config.context_length)
         };
-        let Pending { req, body, key } = *pending;
+        let Pending { req, mut body, key } = *pending;
         let paused = match reply {
             Ok(
                 reply @ Reply {
@@ -349,9 +362,9 @@ impl Context for Http {
                     source: Source::Exact,
                     max_model_len: Some(max_model_len),
                 };
-                self.finish(&shared, &req, &body, count)
+                self.finish(&shared, &req, &mut body, count)
             }
-            Err(failure) => self.failed(&shared, failure, &req, &body),
+            Err(failure) => self.failed(&shared, failure, &req, &mut body),
         };
         if !paused {
             if let Err(e) = host::resume_request() {

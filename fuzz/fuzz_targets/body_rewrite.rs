@@ -531,6 +531,11 @@ fn check(data: &[u8]) {
             assert_eq!(value, v, "value differs from the reference: {}", show(body));
             assert!(edit.end <= body.len(), "edit past the body");
             let out = edit.apply(body);
+            // The in-place head (what the filter sends when it fits) is the built head.
+            let mut copy = body.to_vec();
+            if let Some(head) = edit.patch(&mut copy) {
+                assert_eq!(head, edit.head(body).as_slice(), "patched head differs");
+            }
             check_rewrite(body, &req, &s, config, &out, *value, field);
         }
         (Outcome::Reject { body: e }, Expect::Reject) => {

@@ -3,16 +3,17 @@
 # must do, next to incontext itself, measured the same way as bench/run.sh (each row is one
 # bench/run.sh run: that filter vs the same Envoy without it, interleaved rounds).
 #
-#   bench/floor.sh            writes bench/floor.md and prints it (~6 min)
+#   bench/floor.sh            writes bench/floor.md and prints it (~8 min)
 #
 # Rows: the probe filter (bench/probe) in modes none, buffer, read, write, report, lookups (each one
-# step more than the last; see bench/probe/src/lib.rs), then incontext on the cache-hit path.
-# Environment: FLOOR_SIZES ["2048 409600"], FLOOR_MODES ["none buffer read write report"],
+# step more than the last; see bench/probe/src/lib.rs), head (lookups with the whole body written
+# back, as incontext does when the cap comes last), then incontext on the cache-hit path.
+# Environment: FLOOR_SIZES ["2048 409600"], FLOOR_MODES ["none buffer read write report lookups head"],
 # FLOOR_OUT [bench/floor.md]; BENCH_DURATION etc. are passed on to bench/run.sh.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 SIZES="${FLOOR_SIZES:-2048 409600}"
-MODES="${FLOOR_MODES:-none buffer read write report lookups}"
+MODES="${FLOOR_MODES:-none buffer read write report lookups head}"
 OUT="${FLOOR_OUT:-$ROOT/bench/floor.md}"
 TMP="$(mktemp -d /tmp/incontext-floor.XXXXXX)"
 trap 'rm -rf "$TMP"' EXIT
@@ -34,7 +35,8 @@ run incontext BENCH_PROBE=
   echo "Each row is its own \`bench/run.sh\` run (the filter vs the same Envoy without it, interleaved rounds)."
   echo "probe modes: none = a wasm HTTP context that does nothing; buffer = drop content-length and pause until end of stream;"
   echo "read = + copy the body into the VM; write = + splice the first 32 bytes back; report = + 4 response headers and 3 counters;"
-  echo "lookups = + the 3 request-header reads and the shared-data read incontext makes."
+  echo "lookups = + the 3 request-header reads and the shared-data read incontext makes;"
+  echo "head = lookups, but the splice writes back the whole body up to its last 20 bytes (incontext's splice when the cap member comes last, as in these bodies)."
   echo
   echo "| filter | body | no-filter rps | filter rps | ratio (range) | proxy CPU µs/req no-filter → filter (ratio) |"
   echo "|---|---|--:|--:|--:|--:|"

@@ -41,7 +41,7 @@
 #   BENCH_WASM: use this .wasm instead of building target/wasm32-wasip1/release/incontext.wasm
 #   BENCH_PLUGIN_JSON: a JSON object merged into the plugin configuration, e.g.
 #     '{"response_headers": false}' (context_length is always 32768)
-#   BENCH_PROBE: none|buffer|read|write|report runs bench/probe (a filter doing only that much
+#   BENCH_PROBE: none|buffer|read|write|report|lookups|head runs bench/probe (a filter doing only that much
 #     of incontext's work) instead of incontext: see bench/floor.sh
 #   BENCH_OUT [bench/results.md]   BENCH_KEEP=1 keeps the work directory (configs, logs)
 set -euo pipefail

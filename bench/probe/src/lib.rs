@@ -8,6 +8,8 @@
 //!   write    read + replace the first 32 bytes with themselves (a head splice)
 //!   report   write + 4 response headers + 3 counter increments (what incontext reports)
 //!   lookups  report + the 3 request-header reads and the shared-data read incontext makes
+//!   head     lookups, but the splice replaces the whole body up to its last 20 bytes (what
+//!            incontext writes back when the cap member comes last, as in the bench bodies)
 //!
 //! The probe is test code for the benchmark only: errors are ignored, as there is no traffic
 //! it could break that matters.
@@ -25,6 +27,7 @@ enum Mode {
     Write,
     Report,
     Lookups,
+    Head,
 }
 
 proxy_wasm::main! {{
@@ -48,7 +51,7 @@ impl RootContext for Root {
             .flatten()
             .unwrap_or_default();
         let text = String::from_utf8_lossy(&config);
-        let mode = ["none", "buffer", "read", "write", "report", "lookups"]
+        let mode = ["none", "buffer", "read", "write", "report", "lookups", "head"]
             .iter()
             .position(|m| {
                 text.contains(&format!("\"probe\": \"{m}\""))
@@ -61,6 +64,7 @@ impl RootContext for Root {
             Some(3) => Mode::Write,
             Some(4) => Mode::Report,
             Some(5) => Mode::Lookups,
+            Some(6) => Mode::Head,
             _ => return false,
         };
         for (i, name) in ["probe_requests", "probe_hits", "probe_rewritten"]
@@ -116,8 +120,13 @@ impl HttpContext for Probe {
                 .ok()
                 .flatten()
                 .unwrap_or_default();
-            if self.mode >= Mode::Write && body.len() >= 32 {
-                let _ = hostcalls::set_buffer(BufferType::HttpRequestBody, 0, 32, &body[..32]);
+            let head = if self.mode == Mode::Head {
+                body.len().saturating_sub(20)
+            } else {
+                32
+            };
+            if self.mode >= Mode::Write && body.len() >= head {
+                let _ = hostcalls::set_buffer(BufferType::HttpRequestBody, 0, head, &body[..head]);
             }
         }
         if self.mode >= Mode::Lookups {

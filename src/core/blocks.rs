@@ -167,6 +167,12 @@ fn classify_block(block: &[u8]) -> Masks {
 #[inline(always)]
 fn classify_block(block: &[u8]) -> Masks {
     use std::arch::x86_64::*;
+    #[inline(always)]
+    fn bits(v: &[__m128i; 4], f: impl Fn(__m128i) -> __m128i) -> u64 {
+        // SAFETY: SSE2 is part of the x86_64 baseline.
+        let mask = |x| u64::from(unsafe { _mm_movemask_epi8(f(x)) } as u16);
+        mask(v[0]) | mask(v[1]) << 16 | mask(v[2]) << 32 | mask(v[3]) << 48
+    }
     let Some(block) = block.get(..BLOCK) else {
         return classify_scalar(block);
     };
@@ -180,20 +186,17 @@ fn classify_block(block: &[u8]) -> Masks {
             _mm_loadu_si128(p.add(2)),
             _mm_loadu_si128(p.add(3)),
         ];
-        let bits = |f: &dyn Fn(__m128i) -> __m128i| -> u64 {
-            (0..4).fold(0, |acc, k| {
-                acc | u64::from(_mm_movemask_epi8(f(v[k])) as u16) << (16 * k)
-            })
-        };
         let eq = |x, b: u8| _mm_cmpeq_epi8(x, _mm_set1_epi8(b as i8));
         let case = _mm_set1_epi8(0x20);
         Masks {
-            quote: bits(&|x| eq(x, b'"')),
-            backslash: bits(&|x| eq(x, b'\\')),
-            open: bits(&|x| eq(_mm_or_si128(x, case), b'{')),
-            close: bits(&|x| eq(_mm_or_si128(x, case), b'}')),
+            quote: bits(&v, |x| eq(x, b'"')),
+            backslash: bits(&v, |x| eq(x, b'\\')),
+            open: bits(&v, |x| eq(_mm_or_si128(x, case), b'{')),
+            close: bits(&v, |x| eq(_mm_or_si128(x, case), b'}')),
             // x <= 0x20 as min(x, 0x20) == x.
-            space: bits(&|x| _mm_cmpeq_epi8(_mm_min_epu8(x, _mm_set1_epi8(0x20)), x)),
+            space: bits(&v, |x| {
+                _mm_cmpeq_epi8(_mm_min_epu8(x, _mm_set1_epi8(0x20)), x)
+            }),
         }
     }
 }

@@ -39,11 +39,8 @@ impl Edit {
 
     /// The whole rewritten body.
     pub fn apply(&self, body: &[u8]) -> Vec<u8> {
-        let rest = body.get(self.end..).unwrap_or_default();
-        let mut out = Vec::with_capacity(self.keep + self.tail.len() + rest.len());
-        out.extend_from_slice(body.get(..self.keep).unwrap_or_default());
-        out.extend_from_slice(&self.tail);
-        out.extend_from_slice(rest);
+        let mut out = self.head(body);
+        out.extend_from_slice(body.get(self.end..).unwrap_or_default());
         out
     }
 }

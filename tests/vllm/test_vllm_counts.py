@@ -109,8 +109,16 @@ SHAPES = {
     "string-cap": lambda n: chat(n, max_tokens="4"),
     "stream+include_usage": lambda n: chat(n, stream=True,
                                            stream_options={"include_usage": True}),
+    # Sent pretty-printed (indent=2): white space and line breaks between every token, across
+    # many 64-byte blocks of the payload's block-wise compactor.
+    "pretty-printed-tool-history": lambda n: chat(n, tool_history(n), tools=TOOLS),
+    # Pretty-printed and all non-ASCII as \u escapes, with a reasoning_content to rename: the
+    # compactor's slower path (strings decoded and rewritten, messages one by one).
+    "pretty-printed-ascii-reasoning_content": lambda n: chat(
+        n, tool_history(f"{n} {NON_ASCII}", "reasoning_content"), tools=TOOLS),
 }
-ASCII_BODY = {"json-escapes-ascii-body"}
+ASCII_BODY = {"json-escapes-ascii-body", "pretty-printed-ascii-reasoning_content"}
+PRETTY = {"pretty-printed-tool-history", "pretty-printed-ascii-reasoning_content"}
 
 COMPLETIONS = {
     "completion-string-prompt": lambda n: {"model": MODEL, "prompt": f"Once upon a time ({n})",
@@ -133,8 +141,8 @@ def caller_cap(body):
 
 
 def check_exact_then_cache(client, config, shape, body, path="/v1/chat/completions",
-                           ensure_ascii=False, repeat_source="cache"):
-    first = client.post(copy.deepcopy(body), path, ensure_ascii=ensure_ascii)
+                           ensure_ascii=False, repeat_source="cache", indent=None):
+    first = client.post(copy.deepcopy(body), path, ensure_ascii=ensure_ascii, indent=indent)
     assert first.status == 200, first.describe()
     usage = first.usage
     COUNT_LOG.append((config, shape, first.prompt_tokens_header, usage["prompt_tokens"]))
@@ -148,7 +156,7 @@ def check_exact_then_cache(client, config, shape, body, path="/v1/chat/completio
     assert first.max_tokens_header == want, first.describe()
     assert usage["completion_tokens"] <= want, usage
 
-    again = client.post(copy.deepcopy(body), path, ensure_ascii=ensure_ascii)
+    again = client.post(copy.deepcopy(body), path, ensure_ascii=ensure_ascii, indent=indent)
     assert again.status == 200, again.describe()
     assert again.source == repeat_source, again.describe()
     assert again.prompt_tokens_header == again.usage["prompt_tokens"] == usage["prompt_tokens"], (
@@ -160,7 +168,8 @@ def check_exact_then_cache(client, config, shape, body, path="/v1/chat/completio
 def test_chat_count_equals_vllm_usage(exact, shape):
     body = SHAPES[shape](f"{shape}-exact")
     check_exact_then_cache(exact, "context_length=512", shape, body,
-                           ensure_ascii=shape in ASCII_BODY)
+                           ensure_ascii=shape in ASCII_BODY,
+                           indent=2 if shape in PRETTY else None)
 
 
 @pytest.mark.parametrize("shape", list(COMPLETIONS))

@@ -241,8 +241,9 @@ class Client:
     def get(self, path: str) -> httpx.Response:
         return self.http.get(path)
 
-    def post(self, body, path="/v1/chat/completions", *, ensure_ascii=False) -> Reply:
-        raw = json.dumps(body, ensure_ascii=ensure_ascii).encode("utf-8")
+    def post(self, body, path="/v1/chat/completions", *, ensure_ascii=False,
+             indent=None) -> Reply:
+        raw = json.dumps(body, ensure_ascii=ensure_ascii, indent=indent).encode("utf-8")
         before = self.envoy.counters()
         resp = self.http.post(path, content=raw, headers={"content-type": "application/json"})
         after = self.envoy.counters()

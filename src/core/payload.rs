@@ -7,8 +7,7 @@
 use super::compact::{compact, compact_plain, write_string};
 use super::find::contains;
 use super::request::{Form, Request};
-use super::scan::{scan, Member};
-use serde_json::value::RawValue;
+use super::scan::{array_items, scan, Member};
 
 /// The raw text of a member's key (with quotes).
 fn key_text<'a>(object: &'a str, m: &Member) -> &'a str {
@@ -37,7 +36,8 @@ fn write_key(key: &str, out: &mut Vec<u8>) {
 /// (a null `reasoning` is dropped in favour of the renamed field).
 fn write_message(message: &str, out: &mut Vec<u8>) -> Option<()> {
     // Cheap pre-check; a key may also be spelled with escapes (`reasoning\u005fcontent`).
-    let may_have_key = message.contains("reasoning_content") || message.contains("\\u");
+    let bytes = message.as_bytes();
+    let may_have_key = contains(bytes, b"reasoning_content") || contains(bytes, b"\\u");
     if !message.starts_with('{') || !may_have_key {
         return compact(message, out);
     }
@@ -76,13 +76,12 @@ fn write_messages(messages: &str, out: &mut Vec<u8>) -> Option<()> {
         return Some(());
     }
     out.truncate(mark);
-    let messages: Vec<&RawValue> = serde_json::from_str(messages).ok()?;
     out.push(b'[');
-    for (i, m) in messages.iter().enumerate() {
+    for (i, item) in array_items(messages.as_bytes())?.into_iter().enumerate() {
         if i > 0 {
             out.push(b',');
         }
-        write_message(m.get(), out)?;
+        write_message(messages.get(item)?, out)?;
     }
     out.push(b']');
     Some(())
@@ -182,9 +181,8 @@ pub fn payload(req: &Request, body: &[u8]) -> Option<Vec<u8>> {
         Form::Completion => {
             let mut prompt = req.raw(body, f.prompt)?;
             if prompt.starts_with('[') {
-                let items: Vec<&RawValue> = serde_json::from_str(prompt).ok()?;
-                match items.as_slice() {
-                    [one] => prompt = one.get(),
+                match array_items(prompt.as_bytes())?.as_slice() {
+                    [one] => prompt = prompt.get(one.clone())?,
                     _ => return None,
                 }
             }

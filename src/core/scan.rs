@@ -79,6 +79,32 @@ pub fn is_json(text: &[u8]) -> bool {
     matches!(skip_value(text, start), Ok(end) if skip_ws(text, end) == text.len())
 }
 
+/// The items of `text`, which must be exactly one JSON array (surrounding white space
+/// allowed), as ranges into it; `None` when it is not. Validates as `scan` does.
+pub fn array_items(text: &[u8]) -> Option<Vec<std::ops::Range<usize>>> {
+    let mut items = Vec::new();
+    let open = skip_ws(text, 0);
+    if text.get(open) != Some(&b'[') {
+        return None;
+    }
+    let mut i = skip_ws(text, open + 1);
+    let end = if text.get(i) == Some(&b']') {
+        i + 1
+    } else {
+        loop {
+            let item_end = skip_value(text, i).ok()?;
+            items.push(i..item_end);
+            i = skip_ws(text, item_end);
+            match text.get(i) {
+                Some(b',') => i = skip_ws(text, i + 1),
+                Some(b']') => break i + 1,
+                _ => return None,
+            }
+        }
+    };
+    (skip_ws(text, end) == text.len()).then_some(items)
+}
+
 /// Whether `body[range]` is exactly one JSON value.
 pub fn is_value_at(body: &[u8], range: std::ops::Range<usize>) -> bool {
     skip_value(body, range.start) == Ok(range.end)
@@ -669,6 +695,27 @@ mod tests {
                 )
             })
             .collect()
+    }
+
+    proptest! {
+        /// Array items: the same as serde_json's split into raw values, and `None` exactly
+        /// where serde_json refuses the text as an array.
+        #[test]
+        fn array_items_agree_with_serde_json(
+            text in json_text(),
+            edits in prop::collection::vec((any::<usize>(), any::<u8>(), any::<u8>()), 0..3),
+        ) {
+            let array = format!("[{text}, {text}]");
+            for body in [array.clone().into_bytes(), mutate(array, edits)] {
+                let ours = array_items(&body).map(|items| {
+                    items.into_iter().map(|r| body[r].to_vec()).collect::<Vec<_>>()
+                });
+                let theirs = std::str::from_utf8(&body).ok().and_then(|t| {
+                    serde_json::from_str::<Vec<&serde_json::value::RawValue>>(t).ok()
+                }).map(|items| items.iter().map(|r| r.get().as_bytes().to_vec()).collect::<Vec<_>>());
+                prop_assert_eq!(ours, theirs);
+            }
+        }
     }
 
     #[test]

@@ -149,14 +149,87 @@ fn string_end(bytes: &[u8], start: usize) -> Option<(usize, bool)> {
     None
 }
 
-/// Writes one JSON string token (with its quotes), normalising escapes.
+/// Writes one JSON string token (with its quotes, valid JSON) as serde_json writes the string
+/// it decodes to, which is how Python's `json.dumps(ensure_ascii=False)` writes it: `\\u` escapes
+/// become the character itself (a surrogate pair one character), except `"`, `\\` and control
+/// characters, which stay escaped in their short form or as `\\u00xx`; `\\/` becomes `/`; the
+/// other escapes are already in that form. `None` for a lone surrogate (serde_json refuses it).
 pub fn write_string(token: &str, out: &mut Vec<u8>) -> Option<()> {
-    if !token.contains('\\') {
-        out.extend_from_slice(token.as_bytes());
-        return Some(());
+    let bytes = token.as_bytes();
+    let inner = bytes.get(1..bytes.len().checked_sub(1)?)?;
+    out.push(b'"');
+    let mut run = 0; // start of the bytes not yet copied
+    let mut i = 0;
+    while let Some(at) = inner.get(i..)?.iter().position(|&b| b == b'\\') {
+        i += at;
+        out.extend_from_slice(&inner[run..i]);
+        match inner.get(i + 1)? {
+            b'u' => {
+                let (c, used) = unicode_escape(inner, i)?;
+                write_char(c, out);
+                i += used;
+            }
+            b'/' => {
+                out.push(b'/');
+                i += 2;
+            }
+            c @ (b'"' | b'\\' | b'b' | b'f' | b'n' | b'r' | b't') => {
+                out.extend_from_slice(&[b'\\', *c]);
+                i += 2;
+            }
+            _ => return None,
+        }
+        run = i;
     }
-    let decoded: String = serde_json::from_str(token).ok()?;
-    serde_json::to_writer(&mut *out, &decoded).ok()
+    out.extend_from_slice(&inner[run..]);
+    out.push(b'"');
+    Some(())
+}
+
+/// The character of the `\\uXXXX` escape at `i` (with its low surrogate when it is a high
+/// one), and the bytes it took.
+fn unicode_escape(text: &[u8], i: usize) -> Option<(char, usize)> {
+    let unit = |at: usize| -> Option<u32> {
+        let hex = std::str::from_utf8(text.get(at..at + 4)?).ok()?;
+        u32::from_str_radix(hex, 16).ok()
+    };
+    let first = unit(i + 2)?;
+    match first {
+        0xD800..=0xDBFF => {
+            if text.get(i + 6..i + 8) != Some(b"\\u") {
+                return None;
+            }
+            let low = unit(i + 8)?;
+            if !(0xDC00..=0xDFFF).contains(&low) {
+                return None;
+            }
+            let c = 0x10000 + ((first - 0xD800) << 10) + (low - 0xDC00);
+            Some((char::from_u32(c)?, 12))
+        }
+        _ => Some((char::from_u32(first)?, 6)),
+    }
+}
+
+/// One decoded character as serde_json writes it inside a string.
+fn write_char(c: char, out: &mut Vec<u8>) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    match c {
+        '"' => out.extend_from_slice(b"\\\""),
+        '\\' => out.extend_from_slice(b"\\\\"),
+        '\u{8}' => out.extend_from_slice(b"\\b"),
+        '\u{c}' => out.extend_from_slice(b"\\f"),
+        '\n' => out.extend_from_slice(b"\\n"),
+        '\r' => out.extend_from_slice(b"\\r"),
+        '\t' => out.extend_from_slice(b"\\t"),
+        c if (c as u32) < 0x20 => {
+            let b = c as usize;
+            out.extend_from_slice(&[b'\\', b'u', b'0', b'0', HEX[b >> 4], HEX[b & 15]]);
+        }
+        c => {
+            let mut utf8 = [0u8; 4];
+            out.extend_from_slice(c.encode_utf8(&mut utf8).as_bytes());
+        }
+    }
 }
 
 #[cfg(test)]
@@ -184,6 +257,32 @@ mod tests {
         assert_eq!(compacted(r#"{"k\u0041":"v"}"#), r#"{"kA":"v"}"#);
     }
 
+    /// What `write_string` replaced: decode with serde_json, write with serde_json.
+    fn serde_string(token: &str) -> Option<Vec<u8>> {
+        let decoded: String = serde_json::from_str(token).ok()?;
+        serde_json::to_vec(&decoded).ok()
+    }
+
+    #[test]
+    fn strings_as_serde_json_writes_them() {
+        for token in [
+            r#""""#,
+            r#""plain""#,
+            r#""caf\u00e9 \ud83d\ude00 \/ \" \\ \n \u0001 \u001f""#,
+            r#""\u0022\u005c\u002f\u0008\u000c\u000a\u000d\u0009\u007f\u2028""#,
+            r#""\ud800""#,
+            r#""\udc00""#,
+            r#""\ud800\u0041""#,
+            r#""\ud800x""#,
+            r#""\uD83D\uDE00""#,
+            r#""é漢 \b\f\r\t""#,
+        ] {
+            let mut out = Vec::new();
+            let ours = write_string(token, &mut out).map(|()| out);
+            assert_eq!(ours, serde_string(token), "{token}");
+        }
+    }
+
     /// The byte loop alone.
     fn normalised(raw: &str) -> Option<Vec<u8>> {
         let mut out = Vec::new();
@@ -192,6 +291,25 @@ mod tests {
 
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(2000))]
+
+        /// Any string of escapes and characters: written as serde_json writes it, or refused
+        /// exactly when serde_json refuses it.
+        #[test]
+        fn strings_agree_with_serde_json(
+            pieces in prop::collection::vec(
+                prop::sample::select(vec![
+                    "a", " ", "é", "漢", "😀", r"\n", r"\t", r"\b", r"\f", r"\r", r#"\""#, r"\\",
+                    r"\/", r"\u0000", r"\u001F", r"\u0022", r"\u005C", r"\u007f", r"\u00e9",
+                    r"\u6f22", r"\uffff", r"\ud83d", r"\ude00", r"\uD800", r"\uDBFF", r"\uDFFF",
+                ]),
+                0..12,
+            ),
+        ) {
+            let token = format!("\"{}\"", pieces.concat());
+            let mut out = Vec::new();
+            let ours = write_string(&token, &mut out).map(|()| out);
+            prop_assert_eq!(ours, serde_string(&token), "{}", token);
+        }
 
         /// The block-wise path writes what the byte loop writes, whenever it applies, across
         /// block edges; and it declines every text that holds a `\u` or `\/` escape.

@@ -1,7 +1,7 @@
 //! JSON values in compact form, as the `/tokenize` payload needs them (SPEC §5): no white
 //! space outside strings, and strings as Python's `json.dumps(ensure_ascii=False)` writes them.
 //!
-//! Most text has no `\\u` or `\\/` escape. It is compacted 64 bytes at a time from the block
+//! Most text has no `\u` or `\/` escape. It is compacted 64 bytes at a time from the block
 //! masks (`blocks.rs`): white space outside strings is dropped, every other byte copied in
 //! runs. Text with such an escape goes through the byte loop, which decodes and rewrites the
 //! strings that hold one.
@@ -150,9 +150,9 @@ fn string_end(bytes: &[u8], start: usize) -> Option<(usize, bool)> {
 }
 
 /// Writes one JSON string token (with its quotes, valid JSON) as serde_json writes the string
-/// it decodes to, which is how Python's `json.dumps(ensure_ascii=False)` writes it: `\\u` escapes
-/// become the character itself (a surrogate pair one character), except `"`, `\\` and control
-/// characters, which stay escaped in their short form or as `\\u00xx`; `\\/` becomes `/`; the
+/// it decodes to, which is how Python's `json.dumps(ensure_ascii=False)` writes it: `\u` escapes
+/// become the character itself (a surrogate pair one character), except `"`, `\` and control
+/// characters, which stay escaped in their short form or as `\u00xx`; `\/` becomes `/`; the
 /// other escapes are already in that form. `None` for a lone surrogate (serde_json refuses it).
 pub fn write_string(token: &str, out: &mut Vec<u8>) -> Option<()> {
     let bytes = token.as_bytes();
@@ -186,7 +186,7 @@ pub fn write_string(token: &str, out: &mut Vec<u8>) -> Option<()> {
     Some(())
 }
 
-/// The character of the `\\uXXXX` escape at `i` (with its low surrogate when it is a high
+/// The character of the `\uXXXX` escape at `i` (with its low surrogate when it is a high
 /// one), and the bytes it took.
 fn unicode_escape(text: &[u8], i: usize) -> Option<(char, usize)> {
     let unit = |at: usize| -> Option<u32> {

@@ -66,7 +66,7 @@ fn write_message(message: &str, out: &mut Vec<u8>) -> Option<()> {
     Some(())
 }
 
-/// The `messages` array. Without a `reasoning_content` key and without `\\u` or `\\/` escapes
+/// The `messages` array. Without a `reasoning_content` key and without `\u` or `\/` escapes
 /// (nearly always) that is the array compacted as a whole; otherwise message by message.
 fn write_messages(messages: &str, out: &mut Vec<u8>) -> Option<()> {
     let mark = out.len();

@@ -4,7 +4,7 @@
 //! separators=(",", ":"))` of the request would), and message / `chat_template_kwargs`
 //! objects are rewritten member by member where a key has to change.
 
-use super::compact::{compact, compact_plain, write_string};
+use super::compact::{compact, write_string};
 use super::find::contains;
 use super::request::{Form, Request};
 use super::scan::{array_items, scan, Member};
@@ -66,12 +66,15 @@ fn write_message(message: &str, out: &mut Vec<u8>) -> Option<()> {
     Some(())
 }
 
-/// The `messages` array. Without a `reasoning_content` key and without `\u` or `\/` escapes
-/// (nearly always) that is the array compacted as a whole; otherwise message by message.
+/// The `messages` array. Without a `reasoning_content` key (nearly always) that is the array
+/// compacted as a whole; otherwise message by message. After compaction a key that is
+/// `reasoning_content`, however escaped, reads `reasoning_content` literally.
 fn write_messages(messages: &str, out: &mut Vec<u8>) -> Option<()> {
     let mark = out.len();
-    if !contains(messages.as_bytes(), b"reasoning_content")
-        && compact_plain(messages.as_bytes(), out)
+    compact(messages, out)?;
+    if !out
+        .get(mark..)
+        .is_some_and(|written| contains(written, b"reasoning_content"))
     {
         return Some(());
     }

@@ -2,6 +2,7 @@
 //! cap is written; every byte of every other member, and the text around them, is kept.
 
 use super::scan::Member;
+use std::borrow::Cow;
 
 /// A rewrite as an edit of the body's head: replace `body[..end]` by `body[..keep]` followed
 /// by `tail`; the rest of the body is unchanged. Envoy replaces a buffer's head without
@@ -31,10 +32,24 @@ impl Edit {
     /// the tail fits before `end` (a cap value replaced by one no longer: nearly always).
     /// `None` (body untouched) otherwise.
     pub fn patch<'a>(&self, body: &'a mut [u8]) -> Option<&'a [u8]> {
+        let len = self.patch_in_place(body)?;
+        body.get(..len)
+    }
+
+    /// What replaces `body[..end]`: patched over `body` when it fits there, else built.
+    pub fn write_head<'a>(&self, body: &'a mut [u8]) -> Cow<'a, [u8]> {
+        match self.patch_in_place(body) {
+            // `patch_in_place` wrote `body[keep..len]` inside `body[..end]`.
+            Some(len) => Cow::Borrowed(&body[..len]),
+            None => Cow::Owned(self.head(body)),
+        }
+    }
+
+    /// Writes the tail over `body[keep..end]` when it fits; the length of the new head.
+    fn patch_in_place(&self, body: &mut [u8]) -> Option<usize> {
         let at = body.get_mut(self.keep..self.end)?;
-        let room = at.get_mut(..self.tail.len())?;
-        room.copy_from_slice(&self.tail);
-        body.get(..self.keep + self.tail.len())
+        at.get_mut(..self.tail.len())?.copy_from_slice(&self.tail);
+        Some(self.keep + self.tail.len())
     }
 
     /// The whole rewritten body.
@@ -333,6 +348,10 @@ mod tests {
             for value in [7, 4321, 123456] {
                 let e = splice_edit(body.as_bytes(), &m, drop, target, field, value);
                 let head = e.head(body.as_bytes());
+                assert_eq!(
+                    e.write_head(&mut body.as_bytes().to_vec()).as_ref(),
+                    head.as_slice()
+                );
                 let mut bytes = body.as_bytes().to_vec();
                 match e.patch(&mut bytes) {
                     Some(patched) => assert_eq!(patched, head.as_slice(), "{body} {value}"),

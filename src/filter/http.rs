@@ -229,15 +229,8 @@ impl Http {
             Outcome::Rewrite { edit, value } => {
                 // Replaces only the head of the buffered body (Envoy drains and prepends),
                 // written over our copy of the body when it fits there.
-                let built;
-                let head = match edit.patch(body) {
-                    Some(head) => head,
-                    None => {
-                        built = edit.head(body);
-                        &built
-                    }
-                };
-                if let Err(e) = host::set_buffer(BufferType::HttpRequestBody, 0, edit.end, head) {
+                let head = edit.write_head(body);
+                if let Err(e) = host::set_buffer(BufferType::HttpRequestBody, 0, edit.end, &head) {
                     log::warn!("incontext: cannot replace the body (host status {})", e.0);
                     self.unchanged(shared, Reason::Internal, counted);
                     return false;

@@ -35,11 +35,11 @@ fn write_key(key: &str, out: &mut Vec<u8>) {
 /// A message, with `reasoning_content` renamed `reasoning` unless `reasoning` is non-null
 /// (a null `reasoning` is dropped in favour of the renamed field).
 fn write_message(message: &str, out: &mut Vec<u8>) -> Option<()> {
-    // Cheap pre-check; a key may also be spelled with escapes (`reasoning\u005fcontent`).
-    let bytes = message.as_bytes();
-    let may_have_key = contains(bytes, b"reasoning_content") || contains(bytes, b"\\u");
-    if !message.starts_with('{') || !may_have_key {
+    if !message.starts_with('{') {
         return compact(message, out);
+    }
+    if compact_unless_reasoning(message, out)? {
+        return Some(());
     }
     let members = scan(message.as_bytes()).ok()?;
     let value = |m: &Member| &message[m.value.clone()];
@@ -66,19 +66,27 @@ fn write_message(message: &str, out: &mut Vec<u8>) -> Option<()> {
     Some(())
 }
 
-/// The `messages` array. Without a `reasoning_content` key (nearly always) that is the array
-/// compacted as a whole; otherwise message by message. After compaction a key that is
-/// `reasoning_content`, however escaped, reads `reasoning_content` literally.
-fn write_messages(messages: &str, out: &mut Vec<u8>) -> Option<()> {
+/// Compacts `text` into `out` and returns true, unless the compacted text names
+/// `reasoning_content`: then `out` is left as it was and it returns false. Once compacted, a
+/// key that is `reasoning_content`, however escaped, reads so literally.
+fn compact_unless_reasoning(text: &str, out: &mut Vec<u8>) -> Option<bool> {
     let mark = out.len();
-    compact(messages, out)?;
-    if !out
+    compact(text, out)?;
+    let named = out
         .get(mark..)
-        .is_some_and(|written| contains(written, b"reasoning_content"))
-    {
+        .is_some_and(|written| contains(written, b"reasoning_content"));
+    if named {
+        out.truncate(mark);
+    }
+    Some(!named)
+}
+
+/// The `messages` array. Without a `reasoning_content` key (nearly always) that is the array
+/// compacted as a whole; otherwise message by message.
+fn write_messages(messages: &str, out: &mut Vec<u8>) -> Option<()> {
+    if compact_unless_reasoning(messages, out)? {
         return Some(());
     }
-    out.truncate(mark);
     out.push(b'[');
     for (i, item) in array_items(messages.as_bytes())?.into_iter().enumerate() {
         if i > 0 {

@@ -106,7 +106,7 @@ fn is_null(v: Option<&str>) -> bool {
 /// The values of `messages` and `tools` are only skimmed: call `Request::validate` before
 /// using the request for anything but a cache lookup.
 pub fn analyze(body: &[u8], config: &Config) -> Result<Request, Reason> {
-    let (members, unchecked) = scan_skimming(body, skimmed).map_err(|e| match e {
+    let (members, mut unchecked) = scan_skimming(body, skimmed).map_err(|e| match e {
         ScanError::NotJson => Reason::NotJson,
         ScanError::NotObject => Reason::NotObject,
     })?;
@@ -144,7 +144,6 @@ pub fn analyze(body: &[u8], config: &Config) -> Result<Request, Reason> {
 
     // Only the values the cache key hashes may stay unchecked (see `validate`): an earlier,
     // duplicate `messages` or `tools` is validated now.
-    let mut unchecked = unchecked;
     let hashed = |i: &usize| Some(*i) == f.messages || Some(*i) == f.tools;
     if !unchecked
         .iter()

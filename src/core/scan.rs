@@ -435,7 +435,7 @@ mod tests {
     /// The scanner this one replaced, built on serde_json's `RawValue`: the oracle.
     mod reference {
         use super::super::{skip_ws, Member, ScanError};
-        use serde::de::{self, Deserializer, MapAccess, Visitor};
+        use serde::de::{Deserializer, MapAccess, Visitor};
         use serde_json::value::RawValue;
         use std::borrow::Cow;
         use std::fmt;
@@ -466,29 +466,9 @@ mod tests {
             }
         }
 
-        struct CowStr<'a>(Cow<'a, str>);
-
-        impl<'de> serde::Deserialize<'de> for CowStr<'de> {
-            fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-                struct V;
-                impl<'de> Visitor<'de> for V {
-                    type Value = CowStr<'de>;
-                    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                        f.write_str("a string")
-                    }
-                    fn visit_borrowed_str<E: de::Error>(
-                        self,
-                        v: &'de str,
-                    ) -> Result<Self::Value, E> {
-                        Ok(CowStr(Cow::Borrowed(v)))
-                    }
-                    fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
-                        Ok(CowStr(Cow::Owned(v.to_string())))
-                    }
-                }
-                d.deserialize_str(V)
-            }
-        }
+        /// A key: borrowed from the text when it has no escapes.
+        #[derive(serde::Deserialize)]
+        struct CowStr<'a>(#[serde(borrow)] Cow<'a, str>);
 
         pub fn scan(body: &[u8]) -> Result<Vec<Member>, ScanError> {
             let start = skip_ws(body, 0);

@@ -8,4 +8,4 @@ cd "$ROOT"
 command -v node >/dev/null || { echo "node not found: run scripts/setup.sh" >&2; exit 1; }
 rustup target list --installed 2>/dev/null | grep -qx wasm32-wasip1 || rustup target add wasm32-wasip1
 CARGO_TARGET_WASM32_WASIP1_RUNNER="node $ROOT/scripts/wasi-runner.mjs" \
-  exec cargo bench --target wasm32-wasip1 --bench core -- "$@"
+  exec cargo bench --target wasm32-wasip1 -p incontext-core --bench core -- "$@"

@@ -22,7 +22,7 @@ STAMP="$OPT.from"                   #   every build; STAMP is the sha256 of the 
 
 say() { printf '==> %s\n' "$*" >&2; }
 
-(cd "$ROOT" && cargo build --release --target wasm32-wasip1 -q)
+(cd "$ROOT" && cargo build --release --target wasm32-wasip1 -p incontext -q)
 [ -f "$RAW" ] || { echo "build-wasm: cargo produced no $RAW" >&2; exit 1; }
 
 if [ "${INCONTEXT_NO_WASM_OPT:-0}" = 1 ]; then   # cargo has just linked OUT to RAW

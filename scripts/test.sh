@@ -28,7 +28,7 @@ step cargo clippy --target wasm32-wasip1 -- -D warnings
 # The core's unit tests again, compiled to wasm32-wasip1 (SIMD paths included) and run in
 # Node's V8, the engine Envoy embeds.
 CARGO_TARGET_WASM32_WASIP1_RUNNER="node $ROOT/scripts/wasi-runner.mjs" \
-  step cargo test --target wasm32-wasip1 --lib core::
+  step cargo test --target wasm32-wasip1 -p incontext-core --lib
 if step bash scripts/build-wasm.sh; then
   WASM="$ROOT/target/wasm32-wasip1/release/incontext.wasm"
   echo "wasm: $WASM ($(stat -c %s "$WASM") bytes)"

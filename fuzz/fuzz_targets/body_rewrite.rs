@@ -18,12 +18,12 @@
 mod common;
 
 use common::{has_surrogate_escape, is_cap_field, json_value, ref_cap, show, CAP_FIELDS};
-use incontext::core::config::Config;
-use incontext::core::plan::{decide, Count, Decision, Outcome, Source};
-use incontext::core::reason::Reason;
-use incontext::core::request::{analyze, Counting, Form, Request};
-use incontext::core::scan::{scan, Member};
-use incontext::core::tokenize::{cache_key, payload};
+use incontext_core::config::Config;
+use incontext_core::plan::{decide, Count, Decision, Outcome, Source};
+use incontext_core::reason::Reason;
+use incontext_core::request::{analyze, Counting, Form, Request};
+use incontext_core::json::scan::{scan, Member};
+use incontext_core::tokenize::{cache_key, payload};
 use libfuzzer_sys::fuzz_target;
 use serde_json::{Map, Value};
 use std::sync::OnceLock;

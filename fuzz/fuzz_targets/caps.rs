@@ -7,7 +7,7 @@
 mod common;
 
 use common::{json_trim, ref_cap, saturating_decimal};
-use incontext::core::caps::parse_cap;
+use incontext_core::caps::parse_cap;
 use libfuzzer_sys::fuzz_target;
 use serde_json::value::RawValue;
 

@@ -8,7 +8,7 @@
 mod common;
 
 use common::{json_value, show};
-use incontext::core::config::{Config, HeaderValue};
+use incontext_core::config::{Config, HeaderValue};
 use libfuzzer_sys::fuzz_target;
 
 fn check(data: &[u8]) {

@@ -10,8 +10,8 @@
 mod common;
 
 use common::{json_value, show};
-use incontext::core::scan::scan;
-use incontext::core::tokenize::{check_context, parse_reply, Failure, Reply};
+use incontext_core::json::scan::scan;
+use incontext_core::tokenize::{check_context, parse_reply, Failure, Reply};
 use libfuzzer_sys::fuzz_target;
 
 fn check(data: &[u8]) {

@@ -158,17 +158,32 @@ def test_tokenizer_path_and_cluster_config(proxy_for, upstream):
     assert call.path == "/tokenize?via=cfg" and call.header("host") == "tok.internal"
 
 
-@pytest.mark.parametrize("extra", [
+CONSTRAINED = [
     {"response_format": {"type": "json_object"}},
     {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}},
     {"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
      "tool_choice": "required"},
     {"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
      "tool_choice": {"type": "function", "function": {"name": "f"}}},
-])
-def test_unmirrorable_prompts_use_estimate_without_tokenizer_call(proxy, upstream, extra):
+]
+
+
+@pytest.mark.parametrize("extra", CONSTRAINED)
+def test_constrained_requests_are_counted_exactly(proxy, upstream, extra):
+    """docs/spec.md §5: structured output and a forced tool choice constrain decoding, not the
+    rendered prompt: counted by the tokenizer like any request."""
+    upstream.tokenizer.count(100)
+    res = proxy.post(dumps(chat(max_tokens=100000, **extra)))
+    assert_rewritten(res, 100)
+    call = one_call(res)
+    assert json.loads(call.body).get("tools") == extra.get("tools"), res.describe()
+
+
+@pytest.mark.parametrize("extra", CONSTRAINED)
+def test_estimate_constrained_switch_uses_estimate_without_tokenizer_call(proxy_for, upstream,
+                                                                          extra):
     body = dumps(chat(max_tokens=100000, **extra))
-    res = proxy.post(body)
+    res = proxy_for(cfg(estimate_constrained=True)).post(body)
     assert len(res.tokenize) == 0, res.describe()
     ests = estimates(body)
     assert res.source == "estimate", res.describe()

@@ -11,9 +11,34 @@ pub enum OnInsufficient {
     Reject,
 }
 
+/// The model server that counts (docs/spec.md §11).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Vllm,
+    Sglang,
+    Llamacpp,
+}
+
+impl Backend {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Backend::Vllm => "vllm",
+            Backend::Sglang => "sglang",
+            Backend::Llamacpp => "llamacpp",
+        }
+    }
+
+    fn parse(name: &str) -> Option<Backend> {
+        [Backend::Vllm, Backend::Sglang, Backend::Llamacpp]
+            .into_iter()
+            .find(|b| b.as_str() == name)
+    }
+}
+
 /// The tokenizer endpoint: an Envoy cluster plus the request line sent to it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TokenizerConfig {
+    pub backend: Backend,
     pub cluster: String,
     pub authority: String,
     pub path: String,
@@ -49,6 +74,11 @@ pub struct Config {
     pub max_body_bytes: usize,
     pub on_insufficient: OnInsufficient,
     pub response_headers: bool,
+    /// Count requests with `response_format` or a forced `tool_choice` by the estimate, for
+    /// servers whose chat template renders those fields.
+    pub estimate_constrained: bool,
+    /// Mirrors vLLM's `--exclude-tools-when-tool-choice-none` (vLLM only).
+    pub exclude_tools_when_tool_choice_none: bool,
 }
 
 /// A configuration error; `field` names the offending key (dotted path).
@@ -103,6 +133,8 @@ struct RawConfig {
     max_body_bytes: Option<Value>,
     on_insufficient: Option<Value>,
     response_headers: Option<Value>,
+    estimate_constrained: Option<Value>,
+    exclude_tools_when_tool_choice_none: Option<Value>,
 }
 
 pub const DEFAULT_MIN_OUTPUT_TOKENS: u64 = 4096;
@@ -162,6 +194,14 @@ fn string(field: &str, v: Option<Value>) -> Result<Option<String>, ConfigError> 
     }
 }
 
+fn boolean(field: &str, v: Option<Value>, default: bool) -> Result<bool, ConfigError> {
+    match v {
+        None => Ok(default),
+        Some(Value::Bool(b)) => Ok(b),
+        Some(_) => Err(err(field, "must be true or false")),
+    }
+}
+
 fn valid_header_name(name: &str) -> bool {
     !name.is_empty()
         && name
@@ -181,11 +221,15 @@ fn parse_tokenizer(v: Option<Value>) -> Result<TokenizerConfig, ConfigError> {
         return Err(err("tokenizer", "must be an object"));
     }
     let raw: RawTokenizer = serde_json::from_value(v).map_err(|e| serde_error("tokenizer", e))?;
-    match string("tokenizer.backend", raw.backend)? {
-        None => {}
-        Some(b) if b == "vllm" => {}
-        Some(_) => return Err(err("tokenizer.backend", "unknown backend (known: vllm)")),
-    }
+    let backend = match string("tokenizer.backend", raw.backend)? {
+        None => Backend::Vllm,
+        Some(b) => Backend::parse(&b).ok_or_else(|| {
+            err(
+                "tokenizer.backend",
+                "unknown backend (known: vllm, sglang, llamacpp)",
+            )
+        })?,
+    };
     let cluster = string("tokenizer.cluster", raw.cluster)?
         .ok_or_else(|| err("tokenizer.cluster", "required"))?;
     let authority =
@@ -239,6 +283,7 @@ fn parse_tokenizer(v: Option<Value>) -> Result<TokenizerConfig, ConfigError> {
         Some(_) => return Err(err("tokenizer.headers", "must be an object of strings")),
     }
     Ok(TokenizerConfig {
+        backend,
         cluster,
         authority,
         path,
@@ -307,11 +352,20 @@ impl Config {
                 ))
             }
         };
-        let response_headers = match raw.response_headers {
-            None => true,
-            Some(Value::Bool(b)) => b,
-            Some(_) => return Err(err("response_headers", "must be true or false")),
-        };
+        let response_headers = boolean("response_headers", raw.response_headers, true)?;
+        let estimate_constrained =
+            boolean("estimate_constrained", raw.estimate_constrained, false)?;
+        let exclude_tools_when_tool_choice_none = boolean(
+            "exclude_tools_when_tool_choice_none",
+            raw.exclude_tools_when_tool_choice_none,
+            false,
+        )?;
+        if exclude_tools_when_tool_choice_none && tokenizer.backend != Backend::Vllm {
+            return Err(err(
+                "exclude_tools_when_tool_choice_none",
+                "is a vllm setting (tokenizer.backend is not vllm)",
+            ));
+        }
         let config = Config {
             tokenizer,
             models,
@@ -323,6 +377,8 @@ impl Config {
             max_body_bytes,
             on_insufficient,
             response_headers,
+            estimate_constrained,
+            exclude_tools_when_tool_choice_none,
         };
         config.check_window()?;
         Ok(config)
@@ -414,6 +470,20 @@ impl Config {
         self.window_tokens.map_or(learned_c, |w| w.min(learned_c))
     }
 
+    /// One log line's worth: counts and names only, never header values.
+    pub fn summary(&self) -> String {
+        let t = &self.tokenizer;
+        format!(
+            "configured; backend {}, tokenizer cluster {}, context_length {:?}, window {:?}, reserve {}, margin {}",
+            t.backend.as_str(),
+            t.cluster,
+            self.context_length,
+            self.window(),
+            self.min_output_tokens,
+            self.fallback_margin_tokens
+        )
+    }
+
     /// Whether a request's `model` is budgeted.
     pub fn accepts_model(&self, model: Option<&str>) -> bool {
         match (&self.models, model) {
@@ -491,8 +561,14 @@ mod tests {
             "tokenizer.tiemout_ms"
         );
         assert_eq!(
-            field_of(r#"{"tokenizer":{"cluster":"v","backend":"sglang"}}"#),
+            field_of(r#"{"tokenizer":{"cluster":"v","backend":"tgi"}}"#),
             "tokenizer.backend"
+        );
+        assert_eq!(
+            field_of(
+                r#"{"tokenizer":{"cluster":"v","backend":"sglang"},"exclude_tools_when_tool_choice_none":true}"#
+            ),
+            "exclude_tools_when_tool_choice_none"
         );
         assert_eq!(
             field_of(r#"{"tokenizer":{"cluster":"v"},"min_output_tokens":0}"#),

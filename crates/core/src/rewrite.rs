@@ -1,7 +1,7 @@
 //! The body rewrite as a splice (SPEC §2): cap members are removed and exactly one integer
 //! cap is written; every byte of every other member, and the text around them, is kept.
 
-use super::scan::Member;
+use crate::json::scan::Member;
 use std::borrow::Cow;
 
 /// A rewrite as an edit of the body's head: replace `body[..end]` by `body[..keep]` followed
@@ -94,6 +94,20 @@ pub fn splice_edit(
     field: &str,
     value: u64,
 ) -> Edit {
+    splice_edit_with(body, members, drop, target, field, value, None)
+}
+
+/// [`splice_edit`] that also gives member `replace.0` the new value `replace.1` (kept where
+/// it is, with its key and spacing).
+pub fn splice_edit_with(
+    body: &[u8],
+    members: &[Member],
+    drop: &[usize],
+    target: Option<usize>,
+    field: &str,
+    value: u64,
+    replace: Option<(usize, &[u8])>,
+) -> Edit {
     let number = value.to_string();
     let open = match members.first() {
         Some(m) => m.key_start,
@@ -108,6 +122,7 @@ pub fn splice_edit(
         .iter()
         .copied()
         .chain(target)
+        .chain(replace.map(|r| r.0))
         .filter_map(|i| members.get(i).map(|m| (i, m.value.end)))
         .max_by_key(|(_, end)| *end);
     let end = last.map_or(open, |(_, end)| end);
@@ -156,6 +171,9 @@ pub fn splice_edit(
                 write_key(&mut out, field);
             }
             out.write(number.as_bytes());
+        } else if let Some((_, new_value)) = replace.filter(|r| r.0 == i) {
+            out.copy(m.key_start..m.value.start);
+            out.write(new_value);
         } else {
             out.copy(m.key_start..m.value.end);
         }
@@ -192,7 +210,7 @@ fn write_key(out: &mut Head, field: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::scan::scan;
+    use crate::json::scan::scan;
 
     fn run(body: &str, drop: &[usize], target: Option<usize>, field: &str, value: u64) -> String {
         let m = scan(body.as_bytes()).unwrap();

@@ -148,6 +148,10 @@ pub fn cache_key(req: &Request, body: &[u8], route: &str, context_length: Option
         f.mm_processor_kwargs,
         f.documents,
         f.reasoning_effort,
+        f.tool_choice,
+        f.system,
+        f.thinking,
+        f.output_config,
     ];
     for (i, idx) in parts.into_iter().enumerate() {
         match req.raw_bytes(body, idx) {
@@ -161,8 +165,8 @@ pub fn cache_key(req: &Request, body: &[u8], route: &str, context_length: Option
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::config::Config;
-    use crate::core::request::analyze;
+    use crate::config::Config;
+    use crate::request::analyze;
 
     fn req(body: &str) -> Request {
         analyze(

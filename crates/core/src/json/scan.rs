@@ -8,7 +8,7 @@
 //! prompt — are skipped 8 bytes at a time (16 with wasm `simd128`), which is several times
 //! faster than serde_json's byte-by-byte `RawValue` scan.
 
-use super::skim::container_end;
+use crate::json::skim::container_end;
 use std::ops::Range;
 
 /// One top-level member `"key": value`.

@@ -15,10 +15,13 @@ pub enum Reason {
     WindowConfig,
     Insufficient,
     Internal,
+    CountOnly,
+    ResponsesApi,
+    ThinkingBudget,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 12] = [
+    pub const ALL: [Reason; 15] = [
         Reason::Method,
         Reason::Encoding,
         Reason::TooLarge,
@@ -31,6 +34,9 @@ impl Reason {
         Reason::WindowConfig,
         Reason::Insufficient,
         Reason::Internal,
+        Reason::CountOnly,
+        Reason::ResponsesApi,
+        Reason::ThinkingBudget,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -47,6 +53,9 @@ impl Reason {
             Reason::WindowConfig => "window_config",
             Reason::Insufficient => "insufficient",
             Reason::Internal => "internal",
+            Reason::CountOnly => "count_only",
+            Reason::ResponsesApi => "responses_api",
+            Reason::ThinkingBudget => "thinking_budget",
         }
     }
 

@@ -23,12 +23,12 @@
 #![allow(clippy::expect_used, clippy::unwrap_used, clippy::panic)]
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use incontext::core::config::Config;
-use incontext::core::plan::{decide, Count, Source};
-use incontext::core::request::analyze;
-use incontext::core::rewrite::splice;
-use incontext::core::scan::scan;
-use incontext::core::tokenize::{cache_key, payload};
+use incontext_core::config::Config;
+use incontext_core::json::scan::scan;
+use incontext_core::plan::{decide, Count, Source};
+use incontext_core::request::analyze;
+use incontext_core::rewrite::splice;
+use incontext_core::tokenize::{cache_key, payload};
 use std::hint::black_box;
 use std::time::Duration;
 

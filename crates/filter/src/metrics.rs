@@ -1,18 +1,19 @@
-//! The `incontext_*` counters (SPEC §9). Envoy lists them as `wasmcustom.<name>`.
+//! The `incontext_*` counters (docs/spec.md §9). Envoy lists them as `wasmcustom.<name>`.
 
 use super::host;
-use crate::core::reason::Reason;
-use crate::core::tokenize::Failure;
+use incontext_core::flow::Counter;
+use incontext_core::reason::Reason;
+use incontext_core::tokenize::Failure;
 
 /// Counter ids; a counter the host refused to define is skipped.
 pub struct Metrics {
-    pub requests: Option<u32>,
-    pub rewritten: Option<u32>,
-    pub rejected: Option<u32>,
-    pub tokenizer_calls: Option<u32>,
-    pub cache_hits: Option<u32>,
-    pub cache_misses: Option<u32>,
-    pub estimates: Option<u32>,
+    requests: Option<u32>,
+    rewritten: Option<u32>,
+    rejected: Option<u32>,
+    tokenizer_calls: Option<u32>,
+    cache_hits: Option<u32>,
+    cache_misses: Option<u32>,
+    estimates: Option<u32>,
     unchanged: Vec<Option<u32>>,
     failures: Vec<Option<u32>>,
 }
@@ -42,17 +43,20 @@ impl Metrics {
         }
     }
 
-    pub fn bump(id: Option<u32>) {
+    pub fn bump(&self, c: Counter) {
+        let id = match c {
+            Counter::Requests => self.requests,
+            Counter::Rewritten => self.rewritten,
+            Counter::Rejected => self.rejected,
+            Counter::TokenizerCalls => self.tokenizer_calls,
+            Counter::CacheHits => self.cache_hits,
+            Counter::CacheMisses => self.cache_misses,
+            Counter::Estimates => self.estimates,
+            Counter::Unchanged(r) => self.unchanged.get(r.index()).copied().flatten(),
+            Counter::Failure(f) => self.failures.get(f.index()).copied().flatten(),
+        };
         if let Some(id) = id {
             let _ = host::increment(id);
         }
-    }
-
-    pub fn unchanged(&self, reason: Reason) {
-        Self::bump(self.unchanged.get(reason.index()).copied().flatten());
-    }
-
-    pub fn failure(&self, failure: Failure) {
-        Self::bump(self.failures.get(failure.index()).copied().flatten());
     }
 }

@@ -12,7 +12,7 @@
 //! JSON it is some position or `None`; callers validate whatever they did not get from the
 //! cache.
 
-use super::blocks::{classify, Masks, Strings, BLOCK};
+use crate::json::blocks::{classify, Masks, Strings, BLOCK};
 
 /// The end (exclusive) of the array or object that opens at `start`, or `None` when
 /// `body[start]` opens none or it never closes.
@@ -71,7 +71,7 @@ impl Walk {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::scan::is_json;
+    use crate::json::scan::is_json;
     use proptest::prelude::*;
 
     /// The byte-by-byte meaning of the masks: escapes, strings, depth.

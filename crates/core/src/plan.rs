@@ -2,9 +2,10 @@
 //! rewritten body, the unchanged verdict, or the rejection (SPEC §2, §5, §7).
 
 use super::config::{Config, OnInsufficient};
+use super::json::scan::scan;
 use super::reason::Reason;
-use super::request::Request;
-use super::rewrite::{splice_edit, Edit};
+use super::request::{Form, Request};
+use super::rewrite::{splice_edit_with, Edit};
 use super::rule::{decide as rule, Inputs, Verdict};
 
 /// Where P came from (the `x-incontext-source` header).
@@ -117,15 +118,30 @@ pub fn decide(
         truncate: req.truncate,
     };
     let outcome = match rule(&inputs) {
-        Verdict::Rewrite(value) => {
-            let (target, field) = req.target();
-            let edit = splice_edit(body, &req.members, &req.cap_members, target, field, value);
-            Outcome::Rewrite { edit, value }
-        }
+        Verdict::Rewrite(value) => match thinking_budget(req, body, value) {
+            Ok(replace) => {
+                let (target, field) = req.target();
+                let replace = replace.as_ref().map(|(i, v)| (*i, v.as_slice()));
+                let edit = splice_edit_with(
+                    body,
+                    &req.members,
+                    &req.cap_members,
+                    target,
+                    field,
+                    value,
+                    replace,
+                );
+                Outcome::Rewrite { edit, value }
+            }
+            Err(reason) => Outcome::Unchanged(reason),
+        },
         Verdict::Insufficient { value, required } => {
             if exact && config.on_insufficient == OnInsufficient::Reject {
                 Outcome::Reject {
-                    body: reject_body(w, prompt, value, required),
+                    body: match req.form {
+                        Form::Messages => anthropic_reject_body(w, prompt, required),
+                        _ => reject_body(w, prompt, value, required),
+                    },
                 }
             } else {
                 Outcome::Unchanged(Reason::Insufficient)
@@ -137,6 +153,66 @@ pub fn decide(
         prompt,
         source: count.source,
     }
+}
+
+/// Anthropic's smallest extended-thinking budget.
+pub const MIN_THINKING_BUDGET: u64 = 1024;
+
+/// Extended thinking (docs/spec.md §10): the server refuses `thinking.budget_tokens >=
+/// max_tokens`. When the new cap would not exceed the caller's budget, the budget is lowered
+/// to `value - 1` (the member index of `thinking` and its new value); where that is below
+/// Anthropic's minimum, no valid request exists and the request passes unchanged.
+fn thinking_budget(
+    req: &Request,
+    body: &[u8],
+    value: u64,
+) -> Result<Option<(usize, Vec<u8>)>, Reason> {
+    let Some(idx) = req.fields.thinking.filter(|_| req.form == Form::Messages) else {
+        return Ok(None);
+    };
+    let Some(raw) = req.raw_bytes(body, Some(idx)) else {
+        return Ok(None);
+    };
+    let Ok(members) = scan(raw) else {
+        return Ok(None); // not an object: the server judges it, as without the filter
+    };
+    let text = |m: &crate::json::scan::Member| raw.get(m.value.clone()).unwrap_or_default();
+    let enabled = members
+        .iter()
+        .rev()
+        .find(|m| m.key == "type")
+        .is_some_and(|m| text(m) == b"\"enabled\"");
+    let Some(budget) = members.iter().rev().find(|m| m.key == "budget_tokens") else {
+        return Ok(None);
+    };
+    let Some(current) = std::str::from_utf8(text(budget))
+        .ok()
+        .and_then(|t| t.trim().parse::<u64>().ok())
+    else {
+        return Ok(None);
+    };
+    if !enabled || current < value {
+        return Ok(None);
+    }
+    let lowered = value - 1;
+    if lowered < MIN_THINKING_BUDGET {
+        return Err(Reason::ThinkingBudget);
+    }
+    let mut new = Vec::with_capacity(raw.len());
+    new.extend_from_slice(&raw[..budget.value.start]);
+    new.extend_from_slice(lowered.to_string().as_bytes());
+    new.extend_from_slice(&raw[budget.value.end..]);
+    Ok(Some((idx, new)))
+}
+
+/// Anthropic's "prompt is too long" error, on which Claude Code compacts its conversation.
+/// M is the largest prompt that leaves the required output: W − required.
+pub fn anthropic_reject_body(window: u64, prompt: u64, required: u64) -> Vec<u8> {
+    let maximum = window.saturating_sub(required);
+    format!(
+        r#"{{"type":"error","error":{{"type":"invalid_request_error","message":"prompt is too long: {prompt} tokens > {maximum} maximum"}}}}"#
+    )
+    .into_bytes()
 }
 
 /// An OpenAI-style error that agents recognise as "compress and retry".
@@ -157,7 +233,7 @@ pub fn reject_body(window: u64, prompt: u64, value: i128, required: u64) -> Vec<
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::request::analyze;
+    use crate::request::analyze;
     use serde_json::Value;
 
     fn cfg(extra: &str) -> Config {
@@ -249,8 +325,8 @@ mod tests {
 #[cfg(test)]
 mod properties {
     use super::*;
-    use crate::core::request::analyze;
-    use crate::core::scan::scan;
+    use crate::request::analyze;
+    use crate::json::scan::scan;
     use proptest::prelude::*;
 
     fn member() -> impl Strategy<Value = (String, String)> {

@@ -13,12 +13,16 @@ pub fn slot_key(hash: u128, entries: u32) -> String {
     format!("{PREFIX}count.{}", hash % u128::from(entries.max(1)))
 }
 
-/// The shared-data key of a learned context length for `model`.
-pub fn model_key(model: &str) -> String {
-    format!(
-        "{PREFIX}max_model_len.{:016x}",
-        xxhash_rust::xxh3::xxh3_64(model.as_bytes())
-    )
+/// The shared-data key of the context length learned for `model` behind the tokenizer route
+/// `scope` (backend, cluster, authority, path). Envoy shares one VM's shared data between
+/// every filter configuration with the same `vm_id`: the scope keeps two listeners in front of
+/// two servers that serve the same model name apart.
+pub fn model_key(scope: &str, model: &str) -> String {
+    let mut h = xxhash_rust::xxh3::Xxh3::new();
+    h.update(&(scope.len() as u64).to_le_bytes());
+    h.update(scope.as_bytes());
+    h.update(model.as_bytes());
+    format!("{PREFIX}max_model_len.{:032x}", h.digest128())
 }
 
 pub fn encode(hash: u128, reply: Reply) -> [u8; 32] {
@@ -78,6 +82,11 @@ mod tests {
         keys.sort();
         keys.dedup();
         assert_eq!(keys.len(), 16);
-        assert_ne!(model_key("a"), model_key("b"));
+        assert_ne!(model_key("r", "a"), model_key("r", "b"));
+        assert_ne!(
+            model_key("vllm|a|a|/tokenize", "m"),
+            model_key("vllm|b|b|/tokenize", "m")
+        );
+        assert_ne!(model_key("ab", "c"), model_key("a", "bc"));
     }
 }

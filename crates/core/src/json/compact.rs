@@ -6,7 +6,7 @@
 //! runs. Around a block that holds such an escape the byte loop takes over, decoding and
 //! rewriting the strings that hold one, and hands back to the blocks after it.
 
-use super::blocks::{classify, Strings, BLOCK};
+use crate::json::blocks::{classify, Strings, BLOCK};
 
 /// Appends `raw` (valid JSON) in compact form: no white space outside strings. Strings are
 /// copied as they are unless they hold a `\u` or `\/` escape: those are decoded and written

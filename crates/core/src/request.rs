@@ -5,14 +5,26 @@ use super::caps::{parse_cap, CapField};
 use super::config::Config;
 use super::estimate::estimate;
 use super::reason::Reason;
-use super::scan::{is_value_at, is_ws, scan_skimming, Member, ScanError};
+use crate::json::scan::{is_value_at, is_ws, scan_skimming, Member, ScanError};
 use serde_json::value::RawValue;
 
-/// Chat (`messages`) or completion (`prompt`).
+/// The request dialect: OpenAI chat (`messages`), OpenAI completion (`prompt`), or Anthropic
+/// Messages (the path ends in `/v1/messages`; docs/spec.md §10). It decides how caps are read
+/// and written, how the prompt is counted and estimated, and how a rejection looks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Form {
     Chat,
     Completion,
+    Messages,
+}
+
+/// What the request path says about the dialect, before the body is read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    /// Any other path: the body's shape decides (chat or completion).
+    OpenAi,
+    /// `…/v1/messages`: Anthropic Messages.
+    Messages,
 }
 
 /// How the prompt will be counted.
@@ -45,6 +57,9 @@ pub struct Fields {
     pub mm_processor_kwargs: Option<usize>,
     pub documents: Option<usize>,
     pub reasoning_effort: Option<usize>,
+    pub system: Option<usize>,
+    pub thinking: Option<usize>,
+    pub output_config: Option<usize>,
 }
 
 /// The caller cap B and where it came from.
@@ -70,6 +85,8 @@ pub struct Request {
     pub counting: Counting,
     /// Members (`messages`, `tools`) whose value was only skimmed: see `validate`.
     pub unchecked: Vec<usize>,
+    /// `tools` is left out of the count (`tool_choice: "none"` on a server that drops them).
+    pub omit_tools: bool,
 }
 
 /// The members whose values are skimmed by `analyze`: the bulk of a prompt, which a cache hit
@@ -106,6 +123,11 @@ fn is_null(v: Option<&str>) -> bool {
 /// The values of `messages` and `tools` are only skimmed: call `Request::validate` before
 /// using the request for anything but a cache lookup.
 pub fn analyze(body: &[u8], config: &Config) -> Result<Request, Reason> {
+    analyze_at(body, config, Endpoint::OpenAi)
+}
+
+/// [`analyze`] for a request sent to `endpoint`.
+pub fn analyze_at(body: &[u8], config: &Config, endpoint: Endpoint) -> Result<Request, Reason> {
     let (members, mut unchecked) = scan_skimming(body, skimmed).map_err(|e| match e {
         ScanError::NotJson => Reason::NotJson,
         ScanError::NotObject => Reason::NotObject,
@@ -131,8 +153,14 @@ pub fn analyze(body: &[u8], config: &Config) -> Result<Request, Reason> {
             "mm_processor_kwargs" => &mut f.mm_processor_kwargs,
             "documents" => &mut f.documents,
             "reasoning_effort" => &mut f.reasoning_effort,
+            "system" => &mut f.system,
+            "thinking" => &mut f.thinking,
+            "output_config" => &mut f.output_config,
             key => {
-                if let Some(field) = CapField::from_key(key) {
+                // Anthropic's only cap is `max_tokens`; other names are not caps there.
+                let field = CapField::from_key(key)
+                    .filter(|c| endpoint == Endpoint::OpenAi || *c == CapField::MaxTokens);
+                if let Some(field) = field {
                     cap_members.push(i);
                     last_cap[field as usize] = Some(i);
                 }
@@ -155,9 +183,11 @@ pub fn analyze(body: &[u8], config: &Config) -> Result<Request, Reason> {
     unchecked.retain(hashed);
 
     let messages = raw_bytes(body, &members, f.messages);
-    let form = match (messages, f.prompt) {
-        (Some(m), _) if m.starts_with(b"[") => Form::Chat,
-        (None, Some(_)) => Form::Completion,
+    let form = match (endpoint, messages, f.prompt) {
+        (Endpoint::Messages, Some(m), _) if m.starts_with(b"[") => Form::Messages,
+        (Endpoint::Messages, _, _) => return Err(Reason::Shape),
+        (Endpoint::OpenAi, Some(m), _) if m.starts_with(b"[") => Form::Chat,
+        (Endpoint::OpenAi, None, Some(_)) => Form::Completion,
         _ => return Err(Reason::Shape),
     };
 
@@ -191,16 +221,28 @@ pub fn analyze(body: &[u8], config: &Config) -> Result<Request, Reason> {
             });
         }
     }
-    if form == Form::Completion && cap.is_none() {
+    // vLLM's completions default `max_tokens` to 16, and Anthropic requires it: without a
+    // cap there is nothing to budget.
+    if form != Form::Chat && cap.is_none() {
         return Err(Reason::NoCap);
     }
 
-    let truncate =
-        raw(body, &members, f.truncate_prompt_tokens).and_then(|t| t.trim().parse::<u64>().ok());
+    let truncate = match form {
+        Form::Messages => None,
+        _ => {
+            raw(body, &members, f.truncate_prompt_tokens).and_then(|t| t.trim().parse::<u64>().ok())
+        }
+    };
 
+    let choice =
+        raw(body, &members, f.tool_choice).and_then(|c| serde_json::from_str::<String>(c).ok());
+    let omit_tools = form == Form::Chat
+        && config.exclude_tools_when_tool_choice_none
+        && choice.as_deref() == Some("none");
     let counting = match form {
-        Form::Chat => chat_counting(body, &members, &f),
+        Form::Chat => chat_counting(body, &members, &f, config),
         Form::Completion => completion_counting(body, &members, &f)?,
+        Form::Messages => Counting::Tokenize,
     };
 
     Ok(Request {
@@ -212,10 +254,17 @@ pub fn analyze(body: &[u8], config: &Config) -> Result<Request, Reason> {
         truncate,
         counting,
         unchecked,
+        omit_tools,
     })
 }
 
-fn chat_counting(body: &[u8], members: &[Member], f: &Fields) -> Counting {
+/// Structured output and a forced tool choice constrain decoding, not the prompt the chat
+/// template renders: they are counted like any request, unless the configuration says the
+/// server's template reads them (`estimate_constrained`).
+fn chat_counting(body: &[u8], members: &[Member], f: &Fields, config: &Config) -> Counting {
+    if !config.estimate_constrained {
+        return Counting::Tokenize;
+    }
     if !is_null(raw(body, members, f.response_format)) {
         return Counting::Estimate;
     }
@@ -297,6 +346,13 @@ impl Request {
     /// The rough estimate for this request (SPEC §7), at least 1.
     pub fn estimate(&self, body: &[u8]) -> Option<u64> {
         let n = match self.form {
+            Form::Messages => {
+                let f = &self.fields;
+                let mut parts = vec![self.raw(body, f.messages)?];
+                parts.extend(self.raw(body, f.system));
+                parts.extend(self.raw(body, f.tools).filter(|t| t.starts_with('[')));
+                estimate(&parts)
+            }
             Form::Chat => {
                 let messages = self.raw(body, self.fields.messages)?;
                 match self.raw(body, self.fields.tools) {
@@ -320,6 +376,9 @@ impl Request {
 
     /// Whether every message's content is text (T may then lower the count; SPEC §5).
     pub fn text_only(&self, body: &[u8]) -> bool {
+        if self.form == Form::Messages {
+            return false;
+        }
         let Some(messages) = self.raw(body, self.fields.messages) else {
             return true; // completion form: the prompt is text or ids
         };
@@ -454,7 +513,28 @@ mod tests {
     }
 
     #[test]
+    fn constrained_requests_are_counted_unless_configured() {
+        assert_eq!(
+            an(r#"{"messages":[],"response_format":{"type":"json_object"}}"#)
+                .unwrap()
+                .counting,
+            Counting::Tokenize
+        );
+        assert_eq!(
+            an(r#"{"messages":[],"tools":[{}],"tool_choice":"required"}"#)
+                .unwrap()
+                .counting,
+            Counting::Tokenize
+        );
+    }
+
+    #[test]
     fn estimate_cases() {
+        let an = |body: &str| {
+            let c = Config::parse(br#"{"tokenizer":{"cluster":"v"},"estimate_constrained":true}"#)
+                .unwrap();
+            analyze(body.as_bytes(), &c)
+        };
         assert_eq!(
             an(r#"{"messages":[],"response_format":{"type":"json_object"}}"#)
                 .unwrap()
@@ -509,8 +589,7 @@ mod tests {
     fn estimate_and_text_only() {
         let body = r#"{"messages":[{"role":"user","content":"abcd"}],"tools":[1]}"#;
         let r = an(body).unwrap();
-        let expected =
-            crate::core::estimate::estimate(&[r#"[{"role":"user","content":"abcd"}]"#, "[1]"]);
+        let expected = crate::estimate::estimate(&[r#"[{"role":"user","content":"abcd"}]"#, "[1]"]);
         assert_eq!(r.estimate(body.as_bytes()), Some(expected));
         assert!(r.text_only(body.as_bytes()));
         let body = r#"{"messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url"}]}],"truncate_prompt_tokens":5}"#;

@@ -249,6 +249,28 @@ pub fn increment(id: u32) -> Result<(), HostError> {
     status(unsafe { proxy_increment_metric(id, 1) })
 }
 
+/// Sends an HTTP call to `cluster`; the token its answer will carry.
+///
+/// The one call made through the SDK's `hostcalls`: only it registers the token with the
+/// SDK's dispatcher, which routes the answer to `on_http_call_response` (and treats an
+/// unregistered token as fatal). Envoy answers a dispatch with Ok, BadArgument (unknown
+/// cluster, missing pseudo-header) or InternalFailure, which it maps to errors.
+pub fn dispatch(
+    cluster: &str,
+    headers: &[(&str, &str)],
+    body: Option<&[u8]>,
+    timeout_ms: u64,
+) -> Result<u32, HostError> {
+    proxy_wasm::hostcalls::dispatch_http_call(
+        cluster,
+        headers.to_vec(),
+        body,
+        vec![],
+        std::time::Duration::from_millis(timeout_ms),
+    )
+    .map_err(|s| HostError(s as u32))
+}
+
 /// Resumes a request paused in the body callback.
 pub fn resume_request() -> Result<(), HostError> {
     // SAFETY: plain value (StreamType::HttpRequest = 0).

@@ -1,28 +1,26 @@
-//! The thin proxy-wasm layer: plugin start-up, the per-request state machine, the tokenizer
-//! call, the shared-data cache, counters and response headers. Every host call goes through
-//! `host`, which returns errors instead of panicking; every error leaves the request as it came.
+//! incontext's proxy-wasm glue: plugin start-up and the per-request callbacks, over `host`,
+//! which turns every host status into a `Result`. Every decision is the core's
+//! (`incontext_core::flow`); this crate only reads what the host has, hands it to the flow,
+//! and applies what the flow returns. Any host error leaves the request as it came.
 
-mod cache;
+#![cfg(target_arch = "wasm32")]
+
 mod host;
 mod http;
 mod logger;
 mod metrics;
 
-use crate::core::config::Config;
+use incontext_core::config::Config;
+use incontext_core::flow::Plugin;
 use metrics::Metrics;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{BufferType, ContextType};
-use std::cell::Cell;
 use std::rc::Rc;
 
 /// What every request of one plugin instance shares.
 pub struct Shared {
-    pub config: Config,
+    pub plugin: Plugin,
     pub metrics: Metrics,
-    /// cluster|authority|path: part of the cache key.
-    pub route: String,
-    /// Whether the "learned window too small" error was already logged.
-    pub warned_window: Cell<bool>,
 }
 
 struct Root {
@@ -51,22 +49,14 @@ impl RootContext for Root {
         });
         match parsed {
             Ok(config) => {
-                let t = &config.tokenizer;
-                let route = format!("{}|{}|{}", t.cluster, t.authority, t.path);
                 log::info!(
-                    "incontext {}: configured; tokenizer cluster {}, context_length {:?}, window {:?}, reserve {}, margin {}",
+                    "incontext {}: {}",
                     env!("CARGO_PKG_VERSION"),
-                    t.cluster,
-                    config.context_length,
-                    config.window(),
-                    config.min_output_tokens,
-                    config.fallback_margin_tokens
+                    config.summary()
                 );
                 self.shared = Some(Rc::new(Shared {
-                    config,
+                    plugin: Plugin::new(config),
                     metrics: Metrics::define(),
-                    route,
-                    warned_window: Cell::new(false),
                 }));
                 true
             }

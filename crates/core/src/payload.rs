@@ -4,10 +4,10 @@
 //! separators=(",", ":"))` of the request would), and message / `chat_template_kwargs`
 //! objects are rewritten member by member where a key has to change.
 
-use super::compact::{compact, write_string};
-use super::find::contains;
 use super::request::{Form, Request};
-use super::scan::{array_items, scan, Member};
+use crate::json::compact::{compact, write_string};
+use crate::json::find::contains;
+use crate::json::scan::{array_items, scan, Member};
 
 /// The raw text of a member's key (with quotes).
 fn key_text<'a>(object: &'a str, m: &Member) -> &'a str {
@@ -204,13 +204,17 @@ pub fn payload(req: &Request, body: &[u8]) -> Option<Vec<u8>> {
                 req.raw(body, f.add_special_tokens),
             )?;
         }
+        // Anthropic requests go to the backend's own counter as they are.
+        Form::Messages => return None,
         Form::Chat => {
             if out.len() > 1 {
                 out.push(b',');
             }
             out.extend_from_slice(b"\"messages\":");
             write_messages(req.raw(body, f.messages)?, &mut out)?;
-            let tools = req.raw(body, f.tools).filter(|t| t.starts_with('['));
+            let tools = req
+                .raw(body, f.tools)
+                .filter(|t| t.starts_with('[') && !req.omit_tools);
             field(&mut out, "tools", tools)?;
             let agp = req.raw(body, f.add_generation_prompt).or(Some("true"));
             field(&mut out, "add_generation_prompt", agp)?;
@@ -248,8 +252,8 @@ mod tests {
 
     #[test]
     fn escaped_spellings_are_seen() {
-        use crate::core::config::Config;
-        use crate::core::request::analyze;
+        use crate::config::Config;
+        use crate::request::analyze;
         let config = Config::parse(br#"{"tokenizer":{"cluster":"v"}}"#).unwrap();
         let p = |body: &str| {
             let req = analyze(body.as_bytes(), &config).unwrap();

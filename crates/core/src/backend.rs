@@ -1,0 +1,385 @@
+//! Tokenizer backends (docs/spec.md §11): for each model server and request dialect, the call
+//! that counts a prompt exactly and how its answer reads; and where the window C comes from
+//! when the count does not report it.
+
+use crate::config::{Backend, Config};
+use crate::json::scan::array_items;
+use crate::payload::payload;
+use crate::request::{Form, Request};
+use crate::tokenize::{check_context, Failure};
+use serde_json::Value;
+
+/// Anthropic's counter, served by vLLM, SGLang and llama.cpp alike.
+pub const MESSAGES_COUNT_PATH: &str = "/v1/messages/count_tokens";
+/// llama.cpp's counter for an OpenAI chat request.
+pub const LLAMACPP_CHAT_COUNT_PATH: &str = "/v1/chat/completions/input_tokens";
+/// The model list; vLLM and SGLang report each model's `max_model_len` there.
+pub const MODELS_PATH: &str = "/v1/models";
+/// llama.cpp's server properties (`default_generation_settings.n_ctx`).
+pub const LLAMACPP_PROPS_PATH: &str = "/props";
+
+/// An HTTP call to the tokenizer cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Call {
+    pub method: &'static str,
+    pub path: String,
+    /// The JSON body of a POST.
+    pub body: Option<Vec<u8>>,
+    /// What the answer is.
+    pub kind: CallKind,
+}
+
+/// What a call asks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallKind {
+    /// `{"count", "max_model_len"}` (`/tokenize` of vLLM and SGLang).
+    Tokenize,
+    /// `{"input_tokens"}` (Anthropic's counter; llama.cpp's chat counter).
+    InputTokens,
+    /// `{"tokens": [...]}` (llama.cpp's `/tokenize`).
+    TokenList,
+    /// The window: `/v1/models`.
+    Models,
+    /// The window: llama.cpp's `/props`.
+    Props,
+}
+
+/// A count, and the window when the answer reports one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Counted {
+    pub count: u64,
+    pub window: Option<u64>,
+}
+
+fn post(path: &str, body: Vec<u8>, kind: CallKind) -> Call {
+    Call {
+        method: "POST",
+        path: path.to_string(),
+        body: Some(body),
+        kind,
+    }
+}
+
+/// The call that counts `req` exactly, or `None` when a field the payload needs does not
+/// parse (the estimate is used then).
+pub fn count_call(config: &Config, req: &Request, body: &[u8]) -> Option<Call> {
+    let t = &config.tokenizer;
+    match (t.backend, req.form) {
+        // The backend's own Anthropic counter converts the request as `/v1/messages` does;
+        // it ignores the members it does not read (max_tokens, stream, ...).
+        (_, Form::Messages) => Some(post(
+            MESSAGES_COUNT_PATH,
+            body.to_vec(),
+            CallKind::InputTokens,
+        )),
+        (Backend::Vllm, _) => Some(post(&t.path, payload(req, body)?, CallKind::Tokenize)),
+        (Backend::Sglang, Form::Chat) => {
+            Some(post(&t.path, sglang_chat(req, body)?, CallKind::Tokenize))
+        }
+        (Backend::Sglang, Form::Completion) => {
+            Some(post(&t.path, payload(req, body)?, CallKind::Tokenize))
+        }
+        (Backend::Llamacpp, Form::Chat) => Some(post(
+            LLAMACPP_CHAT_COUNT_PATH,
+            body.to_vec(),
+            CallKind::InputTokens,
+        )),
+        (Backend::Llamacpp, Form::Completion) => Some(post(
+            &t.path,
+            llamacpp_content(req, body)?,
+            CallKind::TokenList,
+        )),
+    }
+}
+
+/// The call that reports the window C, for a count that does not.
+pub fn window_call(config: &Config) -> Call {
+    let (path, kind) = match config.tokenizer.backend {
+        Backend::Vllm | Backend::Sglang => (MODELS_PATH, CallKind::Models),
+        Backend::Llamacpp => (LLAMACPP_PROPS_PATH, CallKind::Props),
+    };
+    Call {
+        method: "GET",
+        path: path.to_string(),
+        body: None,
+        kind,
+    }
+}
+
+/// Whether answers to this backend's count calls for `form` report the window.
+pub fn count_reports_window(config: &Config, form: Form) -> bool {
+    config.tokenizer.backend == Backend::Vllm && form != Form::Messages
+}
+
+/// SGLang's `/tokenize` for a chat: it renders `messages` with `tools`, `reasoning_effort` and
+/// `chat_template_kwargs` itself.
+fn sglang_chat(req: &Request, body: &[u8]) -> Option<Vec<u8>> {
+    let f = &req.fields;
+    let mut out = Vec::with_capacity(
+        req.raw_bytes(body, f.messages)
+            .map_or(64, |m| m.len() + 128),
+    );
+    out.push(b'{');
+    let mut first = true;
+    for (name, idx) in [
+        ("model", f.model),
+        ("messages", f.messages),
+        ("tools", f.tools),
+        ("reasoning_effort", f.reasoning_effort),
+        ("chat_template_kwargs", f.chat_template_kwargs),
+    ] {
+        let Some(raw) = req.raw_bytes(body, idx) else {
+            continue;
+        };
+        if name == "tools" && !raw.starts_with(b"[") {
+            continue;
+        }
+        if !first {
+            out.push(b',');
+        }
+        first = false;
+        out.push(b'"');
+        out.extend_from_slice(name.as_bytes());
+        out.extend_from_slice(b"\":");
+        out.extend_from_slice(raw);
+    }
+    out.push(b'}');
+    Some(out)
+}
+
+/// llama.cpp's `/tokenize` for a string prompt (or a list of one string).
+fn llamacpp_content(req: &Request, body: &[u8]) -> Option<Vec<u8>> {
+    let mut prompt = req.raw_bytes(body, req.fields.prompt)?;
+    if prompt.starts_with(b"[") {
+        match array_items(prompt)?.as_slice() {
+            [one] => prompt = prompt.get(one.clone())?,
+            _ => return None,
+        }
+    }
+    if !prompt.starts_with(b"\"") {
+        return None;
+    }
+    let mut out = Vec::with_capacity(prompt.len() + 16);
+    out.extend_from_slice(b"{\"content\":");
+    out.extend_from_slice(prompt);
+    out.push(b'}');
+    Some(out)
+}
+
+/// The HTTP status gate every answer passes first.
+fn status_ok(status: Option<u16>) -> Result<(), Failure> {
+    match status {
+        None => Err(Failure::Transport),
+        Some(504) => Err(Failure::Timeout),
+        Some(s) if !(200..300).contains(&s) => Err(Failure::Status),
+        Some(_) => Ok(()),
+    }
+}
+
+/// The answer as a JSON object.
+fn object(body: &[u8]) -> Result<serde_json::Map<String, Value>, Failure> {
+    match serde_json::from_slice::<Value>(body) {
+        Ok(Value::Object(map)) => Ok(map),
+        Ok(_) => Err(Failure::Contract),
+        Err(_) => Err(Failure::BadJson),
+    }
+}
+
+fn count_of(map: &serde_json::Map<String, Value>, key: &str) -> Result<u64, Failure> {
+    map.get(key)
+        .and_then(Value::as_u64)
+        .ok_or(Failure::Contract)
+}
+
+/// Reads the answer to a count call of `kind`.
+pub fn parse_count(
+    config: &Config,
+    kind: CallKind,
+    status: Option<u16>,
+    body: &[u8],
+) -> Result<Counted, Failure> {
+    match kind {
+        CallKind::Tokenize => {
+            let reply = crate::tokenize::parse_reply(status, body, None)?;
+            // SGLang's `max_model_len` there is the tokenizer's limit, not the server's window.
+            if config.tokenizer.backend != Backend::Vllm {
+                return Ok(Counted {
+                    count: reply.count,
+                    window: None,
+                });
+            }
+            check_context(reply.max_model_len, config.context_length)?;
+            Ok(Counted {
+                count: reply.count,
+                window: Some(reply.max_model_len),
+            })
+        }
+        CallKind::InputTokens => {
+            status_ok(status)?;
+            Ok(Counted {
+                count: count_of(&object(body)?, "input_tokens")?,
+                window: None,
+            })
+        }
+        CallKind::TokenList => {
+            status_ok(status)?;
+            let map = object(body)?;
+            let tokens = map
+                .get("tokens")
+                .and_then(Value::as_array)
+                .ok_or(Failure::Contract)?;
+            Ok(Counted {
+                count: tokens.len() as u64,
+                window: None,
+            })
+        }
+        CallKind::Models | CallKind::Props => Err(Failure::Contract),
+    }
+}
+
+/// Reads the answer to a window call: the `max_model_len` of `model` in `/v1/models` (of the
+/// first model when none is named or it is not listed), or llama.cpp's per-slot `n_ctx`.
+pub fn parse_window(
+    kind: CallKind,
+    model: Option<&str>,
+    status: Option<u16>,
+    body: &[u8],
+) -> Result<u64, Failure> {
+    status_ok(status)?;
+    let map = object(body)?;
+    let positive = |v: Option<&Value>| v.and_then(Value::as_u64).filter(|c| *c > 0);
+    match kind {
+        CallKind::Models => {
+            let data = map
+                .get("data")
+                .and_then(Value::as_array)
+                .ok_or(Failure::Contract)?;
+            let named = data
+                .iter()
+                .find(|m| model.is_some() && m.get("id").and_then(Value::as_str) == model);
+            let entry = named.or(data.first()).ok_or(Failure::Contract)?;
+            positive(entry.get("max_model_len")).ok_or(Failure::Contract)
+        }
+        CallKind::Props => positive(
+            map.get("default_generation_settings")
+                .and_then(|s| s.get("n_ctx")),
+        )
+        .ok_or(Failure::Contract),
+        _ => Err(Failure::Contract),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::request::{analyze_at, Endpoint};
+
+    fn cfg(backend: &str) -> Config {
+        Config::parse(
+            format!(r#"{{"tokenizer":{{"cluster":"v","backend":"{backend}"}}}}"#).as_bytes(),
+        )
+        .unwrap()
+    }
+
+    fn call(backend: &str, endpoint: Endpoint, body: &str) -> Call {
+        let c = cfg(backend);
+        let req = analyze_at(body.as_bytes(), &c, endpoint).unwrap();
+        count_call(&c, &req, body.as_bytes()).unwrap()
+    }
+
+    const CHAT: &str = r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function","function":{"name":"f"}}],"max_tokens":9}"#;
+    const ANTHROPIC: &str = r#"{"model":"m","system":"s","messages":[{"role":"user","content":"hi"}],"max_tokens":32000}"#;
+
+    #[test]
+    fn calls_per_backend_and_dialect() {
+        let v = call("vllm", Endpoint::OpenAi, CHAT);
+        assert_eq!((v.path.as_str(), v.kind), ("/tokenize", CallKind::Tokenize));
+        let s = call("sglang", Endpoint::OpenAi, CHAT);
+        assert_eq!((s.path.as_str(), s.kind), ("/tokenize", CallKind::Tokenize));
+        let body: Value = serde_json::from_slice(s.body.as_deref().unwrap()).unwrap();
+        assert_eq!(body["tools"][0]["function"]["name"], "f");
+        assert!(body.get("max_tokens").is_none());
+        let l = call("llamacpp", Endpoint::OpenAi, CHAT);
+        assert_eq!(l.path, LLAMACPP_CHAT_COUNT_PATH);
+        assert_eq!(l.body.as_deref(), Some(CHAT.as_bytes()));
+        let lc = call(
+            "llamacpp",
+            Endpoint::OpenAi,
+            r#"{"prompt":["a \"b\""],"max_tokens":5}"#,
+        );
+        assert_eq!(lc.kind, CallKind::TokenList);
+        assert_eq!(
+            lc.body.as_deref(),
+            Some(br#"{"content":"a \"b\""}"#.as_slice())
+        );
+        for b in ["vllm", "sglang", "llamacpp"] {
+            let a = call(b, Endpoint::Messages, ANTHROPIC);
+            assert_eq!(a.path, MESSAGES_COUNT_PATH);
+            assert_eq!(a.body.as_deref(), Some(ANTHROPIC.as_bytes()));
+        }
+        assert_eq!(window_call(&cfg("sglang")).path, MODELS_PATH);
+        assert_eq!(window_call(&cfg("llamacpp")).path, LLAMACPP_PROPS_PATH);
+        assert!(count_reports_window(&cfg("vllm"), Form::Chat));
+        assert!(!count_reports_window(&cfg("vllm"), Form::Messages));
+        assert!(!count_reports_window(&cfg("sglang"), Form::Chat));
+    }
+
+    #[test]
+    fn replies() {
+        let ok = Some(200);
+        let sg = cfg("sglang");
+        let v = cfg("vllm");
+        let tok = br#"{"count":7,"max_model_len":40960,"tokens":[]}"#;
+        assert_eq!(
+            parse_count(&sg, CallKind::Tokenize, ok, tok),
+            Ok(Counted {
+                count: 7,
+                window: None
+            })
+        );
+        assert_eq!(
+            parse_count(&v, CallKind::Tokenize, ok, tok),
+            Ok(Counted {
+                count: 7,
+                window: Some(40960)
+            })
+        );
+        let it = |b: &[u8]| parse_count(&v, CallKind::InputTokens, ok, b);
+        assert_eq!(it(br#"{"input_tokens":12}"#).map(|c| c.count), Ok(12));
+        assert_eq!(it(br#"{"input_tokens":-1}"#), Err(Failure::Contract));
+        assert_eq!(it(br#"{"input_tokens":true}"#), Err(Failure::Contract));
+        assert_eq!(it(br#"[1]"#), Err(Failure::Contract));
+        assert_eq!(it(b"nope"), Err(Failure::BadJson));
+        assert_eq!(
+            parse_count(&v, CallKind::InputTokens, Some(500), b"{}"),
+            Err(Failure::Status)
+        );
+        assert_eq!(
+            parse_count(&v, CallKind::TokenList, ok, br#"{"tokens":[1,2,3]}"#).map(|c| c.count),
+            Ok(3)
+        );
+        let models = br#"{"data":[{"id":"a","max_model_len":100},{"id":"b","max_model_len":512}]}"#;
+        assert_eq!(
+            parse_window(CallKind::Models, Some("b"), ok, models),
+            Ok(512)
+        );
+        assert_eq!(
+            parse_window(CallKind::Models, Some("z"), ok, models),
+            Ok(100)
+        );
+        assert_eq!(
+            parse_window(CallKind::Models, None, ok, br#"{"data":[]}"#),
+            Err(Failure::Contract)
+        );
+        let props = br#"{"default_generation_settings":{"n_ctx":512}}"#;
+        assert_eq!(parse_window(CallKind::Props, None, ok, props), Ok(512));
+        assert_eq!(
+            parse_window(CallKind::Props, None, ok, b"{}"),
+            Err(Failure::Contract)
+        );
+        assert_eq!(
+            parse_window(CallKind::Props, None, None, props),
+            Err(Failure::Transport)
+        );
+    }
+}

@@ -1,0 +1,742 @@
+//! The request flow (docs/spec.md §2–§12) as values: request head → hold or pass; body →
+//! dialect → count (cache, the backend's count call, or the estimate) → outcome. The host is
+//! reached only through [`Host`]: shared data (the count cache and learned windows), dispatch
+//! of tokenizer calls, and counters. The glue drives an [`Exchange`] from proxy-wasm callbacks
+//! and applies what it returns; it decides nothing.
+//!
+//! Order of decisions for a complete body: analyze (shape, dialect, caps, model filter) →
+//! token ids or forced estimate: validate, count → otherwise: cache lookup (a hit skips
+//! validation: only validated bodies are ever stored) → validate → window call when the count
+//! will not report the window and none is known → count call → answer: store, learn the
+//! window, decide; failure: estimate + margin → decide (rule, thinking budget, reject).
+
+pub use crate::backend::Call;
+use crate::backend::{self, CallKind, Counted};
+use crate::cache;
+use crate::config::Config;
+use crate::plan::{decide, Count, Outcome as Plan, Source};
+use crate::reason::Reason;
+use crate::request::{analyze_at, Counting, Endpoint, Form, Request};
+use crate::rewrite::Edit;
+use crate::tokenize::{cache_key, Failure, Reply};
+use std::cell::Cell;
+
+/// Tokenizer answers larger than this are not read (a contract failure).
+pub const MAX_REPLY_BYTES: usize = 1 << 20;
+
+/// The response headers the filter reports (docs/spec.md §9).
+pub const HEADER_ACTION: &str = "x-incontext-action";
+pub const HEADER_PROMPT: &str = "x-incontext-prompt-tokens";
+pub const HEADER_SOURCE: &str = "x-incontext-source";
+pub const HEADER_MAX_TOKENS: &str = "x-incontext-max-tokens";
+
+/// What the flow counts (the `incontext_*` counters).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Counter {
+    Requests,
+    Rewritten,
+    Rejected,
+    TokenizerCalls,
+    CacheHits,
+    CacheMisses,
+    Estimates,
+    Unchanged(Reason),
+    Failure(Failure),
+}
+
+/// What the flow needs from its host. Host errors are the host's to absorb: a failed read is
+/// a miss, a failed write is forgotten, a failed dispatch is `None`.
+pub trait Host {
+    fn get_shared(&mut self, key: &str) -> Option<Vec<u8>>;
+    fn set_shared(&mut self, key: &str, value: &[u8]);
+    /// Sends `call` to the tokenizer cluster with these headers; the token its answer carries.
+    fn dispatch(
+        &mut self,
+        cluster: &str,
+        headers: &[(&str, &str)],
+        call: &Call,
+        timeout_ms: u64,
+    ) -> Option<u32>;
+    fn count(&mut self, counter: Counter);
+}
+
+/// One plugin configuration: what every request it filters shares.
+#[derive(Debug)]
+pub struct Plugin {
+    pub config: Config,
+    /// backend|cluster|authority|path: scopes every shared-data key.
+    scope: String,
+    /// Whether "the learned window is too small" was logged already.
+    warned_window: Cell<bool>,
+}
+
+impl Plugin {
+    pub fn new(config: Config) -> Plugin {
+        let t = &config.tokenizer;
+        let scope = format!(
+            "{}|{}|{}|{}",
+            t.backend.as_str(),
+            t.cluster,
+            t.authority,
+            t.path
+        );
+        Plugin {
+            config,
+            scope,
+            warned_window: Cell::new(false),
+        }
+    }
+
+    /// The context length learned for `model` behind this plugin's tokenizer.
+    fn learned(&self, host: &mut dyn Host, model: &str) -> Option<u64> {
+        cache::decode_context(&host.get_shared(&cache::model_key(&self.scope, model))?)
+    }
+
+    fn learn(&self, host: &mut dyn Host, model: &str, c: u64) {
+        if self.learned(host, model) != Some(c) {
+            host.set_shared(
+                &cache::model_key(&self.scope, model),
+                &cache::encode_context(c),
+            );
+        }
+    }
+}
+
+/// The request head as the flow reads it.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Head<'a> {
+    pub method: Option<&'a str>,
+    pub path: Option<&'a str>,
+    pub content_encoding: Option<&'a str>,
+    pub content_length: Option<&'a str>,
+    /// The request has no body.
+    pub end_of_stream: bool,
+}
+
+/// What to do with the request headers.
+///
+/// They always go on: the proxy-wasm host turns a paused request head into "pause head and
+/// body" (StopAllIterationAndWatermark), so a filter that held the headers would never see the
+/// body. A buffer filter after incontext holds them until the body is decided (docs/spec.md
+/// §12).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HeadStep {
+    /// The request is not budgeted.
+    Continue,
+    /// Remove `content-length` (the body may change length; the buffer filter after incontext,
+    /// or Envoy's framing, sets it again) and buffer the body.
+    Buffer,
+}
+
+/// What to do with a body chunk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BodyStep {
+    /// Let it go on (the request is not, or no longer, held).
+    Continue,
+    /// Keep buffering.
+    Buffer,
+    /// The body is complete: read it and call [`Exchange::on_body`].
+    Read,
+    /// Still waiting for the tokenizer.
+    Wait,
+}
+
+/// The result of a step that may wait for the tokenizer.
+#[derive(Debug)]
+pub enum Step {
+    /// A call is out: hold the request until its answer.
+    Wait,
+    Done(Outcome),
+}
+
+/// What to do with a held request.
+#[derive(Debug)]
+pub enum Outcome {
+    /// Resume it as it came.
+    Continue,
+    /// Replace the head of its body, then resume.
+    Rewrite(Rewrite),
+    /// Answer it locally; it never reaches the upstream.
+    Reply(LocalReply),
+}
+
+/// A rewritten body: `head()` replaces the first `end` bytes of the buffered body.
+#[derive(Debug)]
+pub struct Rewrite {
+    body: Vec<u8>,
+    edit: Edit,
+}
+
+impl Rewrite {
+    /// `(end, head)`: what replaces `body[..end]` (written over the filter's own copy of the
+    /// body when it fits there).
+    pub fn head(&mut self) -> (usize, std::borrow::Cow<'_, [u8]>) {
+        (self.edit.end, self.edit.write_head(&mut self.body))
+    }
+}
+
+/// A local answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LocalReply {
+    pub status: u32,
+    pub headers: Vec<(&'static str, String)>,
+    pub body: Vec<u8>,
+}
+
+/// What the response headers report.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Report {
+    action: &'static str,
+    reason: Option<Reason>,
+    prompt: Option<u64>,
+    source: Option<Source>,
+    max_tokens: Option<u64>,
+}
+
+/// A request held while its call is out.
+#[derive(Debug)]
+struct Pending {
+    req: Request,
+    body: Vec<u8>,
+    key: u128,
+    model: String,
+}
+
+#[derive(Debug)]
+enum State {
+    /// Not held (or decided): everything passes.
+    Passing,
+    /// Collecting the body.
+    Buffering,
+    /// Waiting for the window call, then the count call.
+    Window { token: u32, pending: Box<Pending> },
+    /// Waiting for the count call.
+    Counting {
+        token: u32,
+        kind: CallKind,
+        pending: Box<Pending>,
+    },
+}
+
+/// One request through the filter.
+#[derive(Debug)]
+pub struct Exchange {
+    state: State,
+    endpoint: Endpoint,
+    report: Option<Report>,
+    /// The report went out with a local reply.
+    replied: bool,
+}
+
+impl Default for Exchange {
+    fn default() -> Self {
+        Exchange::new()
+    }
+}
+
+/// `…/v1/messages` and friends, by path without the query.
+fn classify_path(path: &str) -> Result<Endpoint, Reason> {
+    let path = path.split(['?', '#']).next().unwrap_or_default();
+    let path = path.trim_end_matches('/');
+    if path.ends_with("/v1/messages") {
+        Ok(Endpoint::Messages)
+    } else if path.ends_with("/v1/messages/count_tokens") {
+        Err(Reason::CountOnly)
+    } else if path.ends_with("/v1/responses") || path.contains("/v1/responses/") {
+        Err(Reason::ResponsesApi)
+    } else {
+        Ok(Endpoint::OpenAi)
+    }
+}
+
+impl Exchange {
+    pub fn new() -> Exchange {
+        Exchange {
+            state: State::Passing,
+            endpoint: Endpoint::OpenAi,
+            report: None,
+            replied: false,
+        }
+    }
+
+    fn unchanged(&mut self, host: &mut dyn Host, reason: Reason, count: Option<(u64, Source)>) {
+        host.count(Counter::Unchanged(reason));
+        log::debug!("incontext: unchanged ({})", reason.as_str());
+        self.state = State::Passing;
+        self.report = Some(Report {
+            action: "unchanged",
+            reason: Some(reason),
+            prompt: count.map(|c| c.0),
+            source: count.map(|c| c.1),
+            max_tokens: None,
+        });
+    }
+
+    /// The request head arrived.
+    pub fn on_headers(&mut self, plugin: &Plugin, host: &mut dyn Host, head: &Head) -> HeadStep {
+        host.count(Counter::Requests);
+        if head.method != Some("POST") {
+            self.unchanged(host, Reason::Method, None);
+            return HeadStep::Continue;
+        }
+        if head
+            .content_encoding
+            .is_some_and(|e| !e.trim().eq_ignore_ascii_case("identity"))
+        {
+            self.unchanged(host, Reason::Encoding, None);
+            return HeadStep::Continue;
+        }
+        if head
+            .content_length
+            .and_then(|l| l.trim().parse::<u64>().ok())
+            .is_some_and(|l| l > plugin.config.max_body_bytes as u64)
+        {
+            self.unchanged(host, Reason::TooLarge, None);
+            return HeadStep::Continue;
+        }
+        self.endpoint = match classify_path(head.path.unwrap_or_default()) {
+            Ok(e) => e,
+            Err(reason) => {
+                self.unchanged(host, reason, None);
+                return HeadStep::Continue;
+            }
+        };
+        if head.end_of_stream {
+            self.unchanged(host, Reason::NotJson, None);
+            return HeadStep::Continue;
+        }
+        self.state = State::Buffering;
+        HeadStep::Buffer
+    }
+
+    /// A body chunk arrived; `size` is all that is buffered so far.
+    pub fn on_body_chunk(
+        &mut self,
+        plugin: &Plugin,
+        host: &mut dyn Host,
+        size: usize,
+        end_of_stream: bool,
+    ) -> BodyStep {
+        match self.state {
+            State::Buffering => {}
+            State::Passing => return BodyStep::Continue,
+            State::Window { .. } | State::Counting { .. } => return BodyStep::Wait,
+        }
+        if size > plugin.config.max_body_bytes {
+            self.unchanged(host, Reason::TooLarge, None);
+            return BodyStep::Continue;
+        }
+        if end_of_stream {
+            BodyStep::Read
+        } else {
+            BodyStep::Buffer
+        }
+    }
+
+    /// The body ended with trailers (no end-of-stream body chunk): it is not budgeted.
+    pub fn on_trailers(&mut self, host: &mut dyn Host) {
+        if matches!(self.state, State::Buffering) {
+            self.unchanged(host, Reason::NotJson, None);
+        }
+    }
+
+    /// A host call failed before the flow decided: unchanged.
+    pub fn on_host_error(&mut self, host: &mut dyn Host) {
+        self.unchanged(host, Reason::Internal, None);
+    }
+
+    /// The complete body.
+    pub fn on_body(&mut self, plugin: &Plugin, host: &mut dyn Host, body: Vec<u8>) -> Step {
+        let config = &plugin.config;
+        let req = match analyze_at(&body, config, self.endpoint) {
+            Ok(r) => r,
+            Err(reason) => {
+                self.unchanged(host, reason, None);
+                return Step::Done(Outcome::Continue);
+            }
+        };
+        match req.counting {
+            Counting::Tokenize => self.count(plugin, host, req, body),
+            _ if !self.validated(host, &req, &body) => Step::Done(Outcome::Continue),
+            Counting::Exact(n) => {
+                let count = Count {
+                    tokens: n,
+                    source: Source::Exact,
+                    max_model_len: None,
+                };
+                self.finish(plugin, host, &req, body, count)
+            }
+            Counting::Estimate => self.estimate(plugin, host, &req, body),
+        }
+    }
+
+    /// Validates what `analyze` only skimmed; when invalid, the request passes unchanged.
+    fn validated(&mut self, host: &mut dyn Host, req: &Request, body: &[u8]) -> bool {
+        match req.validate(body) {
+            Ok(()) => true,
+            Err(reason) => {
+                self.unchanged(host, reason, None);
+                false
+            }
+        }
+    }
+
+    fn count(&mut self, plugin: &Plugin, host: &mut dyn Host, req: Request, body: Vec<u8>) -> Step {
+        let config = &plugin.config;
+        let key = cache_key(&req, &body, &plugin.scope, config.context_length);
+        let stored = host
+            .get_shared(&cache::slot_key(key, config.cache_entries))
+            .and_then(|v| cache::decode(key, &v));
+        if let Some(reply) = stored {
+            // A count stored without the window it came with (0) has no window to check.
+            let window = Some(reply.max_model_len).filter(|c| *c > 0);
+            let valid = window
+                .is_none_or(|c| crate::tokenize::check_context(c, config.context_length).is_ok());
+            if valid {
+                host.count(Counter::CacheHits);
+                let count = Count {
+                    tokens: reply.count,
+                    source: Source::Cache,
+                    max_model_len: window,
+                };
+                return self.finish(plugin, host, &req, body, count);
+            }
+        }
+        if !self.validated(host, &req, &body) {
+            return Step::Done(Outcome::Continue);
+        }
+        host.count(Counter::CacheMisses);
+        let model = req.model_name(&body);
+        let pending = Box::new(Pending {
+            req,
+            body,
+            key,
+            model,
+        });
+        let needs_window = !backend::count_reports_window(config, pending.req.form)
+            && config.context_length.is_none()
+            && plugin.learned(host, &pending.model).is_none();
+        if needs_window {
+            let call = backend::window_call(config);
+            if let Some(token) = self.dispatch(plugin, host, &call) {
+                self.state = State::Window { token, pending };
+                return Step::Wait;
+            }
+            // No window now: count anyway (a configured window_tokens may still do).
+        }
+        self.dispatch_count(plugin, host, pending)
+    }
+
+    fn dispatch(&mut self, plugin: &Plugin, host: &mut dyn Host, call: &Call) -> Option<u32> {
+        let t = &plugin.config.tokenizer;
+        let length = call.body.as_ref().map(|b| b.len().to_string());
+        let mut headers: Vec<(&str, &str)> = vec![
+            (":method", call.method),
+            (":path", &call.path),
+            (":authority", &t.authority),
+            (
+                "user-agent",
+                concat!("incontext/", env!("CARGO_PKG_VERSION")),
+            ),
+        ];
+        if let Some(length) = length.as_deref() {
+            headers.push(("content-type", "application/json"));
+            headers.push(("content-length", length));
+        }
+        headers.extend(plugin.config.literal_headers());
+        host.count(Counter::TokenizerCalls);
+        let token = host.dispatch(&t.cluster, &headers, call, t.timeout_ms);
+        if token.is_none() {
+            log::warn!("incontext: tokenizer call not dispatched");
+        }
+        token
+    }
+
+    fn dispatch_count(
+        &mut self,
+        plugin: &Plugin,
+        host: &mut dyn Host,
+        pending: Box<Pending>,
+    ) -> Step {
+        let Some(call) = backend::count_call(&plugin.config, &pending.req, &pending.body) else {
+            // A field the payload needs does not parse (the server would refuse it too).
+            return self.estimate(plugin, host, &pending.req, pending.body);
+        };
+        match self.dispatch(plugin, host, &call) {
+            Some(token) => {
+                self.state = State::Counting {
+                    token,
+                    kind: call.kind,
+                    pending,
+                };
+                Step::Wait
+            }
+            None => self.failed(plugin, host, Failure::Dispatch, pending),
+        }
+    }
+
+    /// The answer to call `token`: `status` is `None` when there was no response; `size` is
+    /// the body's full size and `body` what was read of it. `None`: not this exchange's call.
+    pub fn on_reply(
+        &mut self,
+        plugin: &Plugin,
+        host: &mut dyn Host,
+        token: u32,
+        status: Option<u16>,
+        size: usize,
+        body: &[u8],
+    ) -> Option<Step> {
+        let state = std::mem::replace(&mut self.state, State::Passing);
+        match state {
+            State::Window { token: t, pending } if t == token => {
+                let call = backend::window_call(&plugin.config);
+                match read(size, body, |b| {
+                    backend::parse_window(call.kind, Some(&pending.model), status, b)
+                }) {
+                    Ok(c) => plugin.learn(host, &pending.model, c),
+                    Err(failure) => {
+                        host.count(Counter::Failure(failure));
+                        log::warn!(
+                            "incontext: window call failed ({}); counting without it",
+                            failure.as_str()
+                        );
+                    }
+                }
+                Some(self.dispatch_count(plugin, host, pending))
+            }
+            State::Counting {
+                token: t,
+                kind,
+                pending,
+            } if t == token => {
+                let counted = read(size, body, |b| {
+                    backend::parse_count(&plugin.config, kind, status, b)
+                });
+                Some(match counted {
+                    Ok(counted) => self.counted(plugin, host, pending, counted),
+                    Err(failure) => self.failed(plugin, host, failure, pending),
+                })
+            }
+            other => {
+                self.state = other;
+                None
+            }
+        }
+    }
+
+    fn counted(
+        &mut self,
+        plugin: &Plugin,
+        host: &mut dyn Host,
+        pending: Box<Pending>,
+        counted: Counted,
+    ) -> Step {
+        let config = &plugin.config;
+        let Pending {
+            req,
+            body,
+            key,
+            model,
+        } = *pending;
+        if let Some(c) = counted.window {
+            if config.context_length.is_none() {
+                plugin.learn(host, &model, c);
+            }
+        }
+        let reply = Reply {
+            count: counted.count,
+            max_model_len: counted.window.unwrap_or(0),
+        };
+        host.set_shared(
+            &cache::slot_key(key, config.cache_entries),
+            &cache::encode(key, reply),
+        );
+        let count = Count {
+            tokens: counted.count,
+            source: Source::Exact,
+            max_model_len: counted.window,
+        };
+        self.finish(plugin, host, &req, body, count)
+    }
+
+    fn failed(
+        &mut self,
+        plugin: &Plugin,
+        host: &mut dyn Host,
+        failure: Failure,
+        pending: Box<Pending>,
+    ) -> Step {
+        host.count(Counter::Failure(failure));
+        log::warn!(
+            "incontext: tokenizer failure ({}); using the estimate",
+            failure.as_str()
+        );
+        let Pending { req, body, .. } = *pending;
+        self.estimate(plugin, host, &req, body)
+    }
+
+    fn estimate(
+        &mut self,
+        plugin: &Plugin,
+        host: &mut dyn Host,
+        req: &Request,
+        body: Vec<u8>,
+    ) -> Step {
+        host.count(Counter::Estimates);
+        match req.estimate(&body) {
+            Some(tokens) => {
+                let count = Count {
+                    tokens,
+                    source: Source::Estimate,
+                    max_model_len: None,
+                };
+                self.finish(plugin, host, req, body, count)
+            }
+            None => {
+                self.unchanged(host, Reason::Internal, None);
+                Step::Done(Outcome::Continue)
+            }
+        }
+    }
+
+    /// Decides with a count.
+    fn finish(
+        &mut self,
+        plugin: &Plugin,
+        host: &mut dyn Host,
+        req: &Request,
+        body: Vec<u8>,
+        count: Count,
+    ) -> Step {
+        let config = &plugin.config;
+        // A count without its own window (an estimate, token ids, a counter that reports
+        // none) uses the one learned for this model and route, when none is configured.
+        let learned = match (config.context_length, count.max_model_len) {
+            (None, None) => plugin.learned(host, &req.model_name(&body)),
+            _ => None,
+        };
+        let decision = decide(req, &body, config, count, learned);
+        let counted = Some((decision.prompt, decision.source));
+        self.state = State::Passing;
+        let outcome = match decision.outcome {
+            Plan::Rewrite { edit, value } => {
+                host.count(Counter::Rewritten);
+                log::debug!(
+                    "incontext: rewritten prompt={} source={} max_tokens={value}",
+                    decision.prompt,
+                    decision.source.as_str()
+                );
+                self.report = Some(Report {
+                    action: "rewritten",
+                    reason: None,
+                    prompt: Some(decision.prompt),
+                    source: Some(decision.source),
+                    max_tokens: Some(value),
+                });
+                Outcome::Rewrite(Rewrite { body, edit })
+            }
+            Plan::Unchanged(reason) => {
+                if reason == Reason::WindowConfig && !plugin.warned_window.replace(true) {
+                    log::error!(
+                        "incontext: the learned context length leaves fallback_margin_tokens + min_output_tokens >= the window; requests for that model pass unchanged"
+                    );
+                }
+                self.unchanged(host, reason, counted);
+                Outcome::Continue
+            }
+            Plan::Reject { body: error } => {
+                host.count(Counter::Rejected);
+                log::debug!("incontext: rejected prompt={}", decision.prompt);
+                self.report = Some(Report {
+                    action: "rejected",
+                    reason: None,
+                    prompt: Some(decision.prompt),
+                    source: Some(decision.source),
+                    max_tokens: None,
+                });
+                let mut headers = vec![("content-type", "application/json".to_string())];
+                if config.response_headers {
+                    headers.extend(self.report_headers());
+                }
+                self.replied = true;
+                Outcome::Reply(LocalReply {
+                    status: 400,
+                    headers,
+                    body: error,
+                })
+            }
+        };
+        Step::Done(outcome)
+    }
+
+    /// Applying an outcome failed in the host (the body could not be replaced, the local
+    /// reply not sent): the request goes on unchanged.
+    pub fn on_apply_error(&mut self, host: &mut dyn Host) {
+        let counted = self
+            .report
+            .as_ref()
+            .and_then(|r| Some((r.prompt?, r.source?)));
+        self.replied = false;
+        self.unchanged(host, Reason::Internal, counted);
+    }
+
+    fn report_headers(&self) -> Vec<(&'static str, String)> {
+        let Some(report) = self.report.as_ref() else {
+            return Vec::new();
+        };
+        let action = match report.reason {
+            Some(reason) => format!("{}:{}", report.action, reason.as_str()),
+            None => report.action.to_string(),
+        };
+        let mut out = vec![(HEADER_ACTION, action)];
+        if let Some(p) = report.prompt {
+            out.push((HEADER_PROMPT, p.to_string()));
+        }
+        if let Some(s) = report.source {
+            out.push((HEADER_SOURCE, s.as_str().to_string()));
+        }
+        if let Some(m) = report.max_tokens {
+            out.push((HEADER_MAX_TOKENS, m.to_string()));
+        }
+        out
+    }
+
+    /// The headers to add to the upstream's response.
+    pub fn response_headers(&self, plugin: &Plugin) -> Vec<(&'static str, String)> {
+        if !plugin.config.response_headers || self.replied {
+            return Vec::new();
+        }
+        self.report_headers()
+    }
+
+    /// Whether a call is out.
+    pub fn waiting(&self) -> bool {
+        matches!(self.state, State::Window { .. } | State::Counting { .. })
+    }
+}
+
+/// Applies `parse` to a reply body that is not too large.
+fn read<T>(
+    size: usize,
+    body: &[u8],
+    parse: impl FnOnce(&[u8]) -> Result<T, Failure>,
+) -> Result<T, Failure> {
+    if size > MAX_REPLY_BYTES {
+        return Err(Failure::Contract);
+    }
+    parse(body)
+}
+
+impl Request {
+    /// The request's `model` as a string ("" when absent or not a string).
+    pub fn model_name(&self, body: &[u8]) -> String {
+        self.raw(body, self.fields.model)
+            .and_then(|m| serde_json::from_str::<String>(m).ok())
+            .unwrap_or_default()
+    }
+
+    /// Whether this is an Anthropic Messages request.
+    pub fn is_messages(&self) -> bool {
+        self.form == Form::Messages
+    }
+}

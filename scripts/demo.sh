@@ -94,9 +94,8 @@ printf '%s\n' "$PLUGIN_CONFIG" | sed 's/^/      /'
 "$PY" - "$WORK/envoy.yaml" "$WASM" "$ENVOY_PORT" "$ADMIN_PORT" "$VLLM_PORT" "$PLUGIN_CONFIG" <<'PYEOF'
 import json, sys
 from pathlib import Path
-sys.path.insert(0, str(Path("tests/e2e").resolve()))
 import yaml
-from e2e_envoy import render   # renders envoy/envoy.yaml with these substitutions only
+from tests.harness.envoy import render   # renders envoy/envoy.yaml with these substitutions only
 out, wasm, port, admin, vllm_port, plugin = sys.argv[1:]
 cfg = render(wasm_path=wasm, listen_port=int(port), admin_port=int(admin),
              upstream=("127.0.0.1", int(vllm_port)), plugin_config=json.loads(plugin))

@@ -23,5 +23,6 @@ if [ ! -x "$ROOT/.venv/bin/python" ]; then
   echo "soak: no $ROOT/.venv: run scripts/setup.sh first" >&2
   exit 2
 fi
-exec "$ROOT/.venv/bin/python" "$ROOT/tests/soak/soak.py" \
+cd "$ROOT"
+exec "$ROOT/.venv/bin/python" -m tests.soak.soak \
   --requests "$REQUESTS" --concurrency "$CONCURRENCY" "$@"

@@ -1,14 +1,56 @@
 #!/usr/bin/env bash
-# Runs every check: native unit tests, clippy (host and wasm target), the wasm build, and the
-# pytest suites under tests/ (end-to-end through a real Envoy; other suites may be added there).
+# Runs the checks of one tier (default: all of them).
+#
+#   scripts/test.sh [TIER] [pytest arguments ...]
+#
+# Tiers:
+#   unit   cargo fmt --check, cargo test, clippy (host and wasm target), the fuzz targets'
+#          seed replay plus a short fuzz run, the core's unit tests in Node's V8, the wasm build
+#   e2e    the wasm build, then the suites that need no model server: tests/e2e (real Envoy,
+#          scripted upstream), tests/deploy, tests/compose, tests/soak
+#   vllm   the wasm build, then tests/vllm (real Envoy in front of the real vLLM on CPU)
+#   all    unit, then every suite under tests/ (the default; what CI and the README run)
+#   NAME   any other directory tests/NAME is a tier of its own (e.g. llamacpp, sglang,
+#          clients): the wasm build, then tests/NAME
+#
+# Setup first (idempotent: quick when done): scripts/setup.sh for every tier, and
+# scripts/setup-NAME.sh when it exists for the tier NAME (scripts/setup-vllm.sh for vllm; `all`
+# runs the setup script of every suite directory that has one). INCONTEXT_SKIP_SETUP=1 skips it.
+#
 # Every step runs even when an earlier one failed (except pytest, which needs the wasm build);
 # the exit status is non-zero when any step failed, and the failed steps are listed at the end.
-# It first runs scripts/setup.sh and scripts/setup-vllm.sh (idempotent: quick when done), so a
-# fresh clone goes green with this one command. INCONTEXT_SKIP_SETUP=1 skips them.
-# Extra arguments go to pytest, e.g. scripts/test.sh -k cache -x
+# Extra arguments go to pytest, e.g. `scripts/test.sh e2e -k cache -x`; when the first argument
+# starts with `-`, the tier is `all` (`scripts/test.sh -x`).
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
+
+TIER=all
+if [ $# -gt 0 ] && [ "${1#-}" = "$1" ]; then
+  TIER="$1"
+  shift
+fi
+E2E_DIRS=(tests/e2e tests/deploy tests/compose tests/soak)
+case "$TIER" in
+  unit) PYTEST_PATHS=() ;;
+  e2e) PYTEST_PATHS=("${E2E_DIRS[@]}") ;;
+  all) PYTEST_PATHS=(tests/) ;;
+  harness|*/*|.*|__*) echo "test.sh: '$TIER' is not a tier" >&2; exit 2 ;;
+  *)
+    if [ -d "tests/$TIER" ]; then
+      PYTEST_PATHS=("tests/$TIER")
+    else
+      known="unit e2e all"
+      for d in tests/*/; do
+        d="$(basename "$d")"
+        case "$d" in harness|e2e|__pycache__) ;; *) known="$known $d" ;; esac
+      done
+      echo "test.sh: unknown tier '$TIER' (known: $known)" >&2
+      exit 2
+    fi
+    ;;
+esac
+
 FAILED=()
 step() {
   printf '\n==> %s\n' "$*"
@@ -17,37 +59,54 @@ step() {
 
 if [ "${INCONTEXT_SKIP_SETUP:-0}" != 1 ]; then
   bash scripts/setup.sh || { echo "==> FAILED: scripts/setup.sh" >&2; exit 1; }
-  bash scripts/setup-vllm.sh || { echo "==> FAILED: scripts/setup-vllm.sh" >&2; exit 1; }
+  SETUPS=()
+  if [ "$TIER" = all ]; then
+    for d in tests/*/; do
+      s="scripts/setup-$(basename "$d").sh"
+      [ -f "$s" ] && SETUPS+=("$s")
+    done
+  elif [ -f "scripts/setup-$TIER.sh" ]; then
+    SETUPS+=("scripts/setup-$TIER.sh")
+  fi
+  for s in ${SETUPS[@]+"${SETUPS[@]}"}; do
+    bash "$s" || { echo "==> FAILED: $s" >&2; exit 1; }
+  done
 fi
 
-step cargo test
-step cargo clippy --all-targets -- -D warnings
-# The fuzz targets replay their committed seeds, then fuzz briefly (scripts/fuzz.sh runs longer).
-step bash scripts/fuzz.sh all "${INCONTEXT_FUZZ_SECONDS:-15}"
-step cargo clippy --target wasm32-wasip1 -- -D warnings
-# The core's unit tests again, compiled to wasm32-wasip1 (SIMD paths included) and run in
-# Node's V8, the engine Envoy embeds.
-CARGO_TARGET_WASM32_WASIP1_RUNNER="node $ROOT/scripts/wasi-runner.mjs" \
-  step cargo test --target wasm32-wasip1 -p incontext-core --lib
+if [ "$TIER" = unit ] || [ "$TIER" = all ]; then
+  step cargo fmt --check
+  step cargo test
+  step cargo clippy --all-targets -- -D warnings
+  # The fuzz targets replay their committed seeds, then fuzz briefly (scripts/fuzz.sh runs longer).
+  step bash scripts/fuzz.sh all "${INCONTEXT_FUZZ_SECONDS:-15}"
+  step cargo clippy --target wasm32-wasip1 -- -D warnings
+  # The core's unit tests again, compiled to wasm32-wasip1 (SIMD paths included) and run in
+  # Node's V8, the engine Envoy embeds.
+  CARGO_TARGET_WASM32_WASIP1_RUNNER="node $ROOT/scripts/wasi-runner.mjs" \
+    step cargo test --target wasm32-wasip1 -p incontext-core --lib
+fi
+
 if step bash scripts/build-wasm.sh; then
   WASM="$ROOT/target/wasm32-wasip1/release/incontext.wasm"
   echo "wasm: $WASM ($(stat -c %s "$WASM") bytes)"
-  PY="$ROOT/.venv/bin/python"
-  if [ -x "$PY" ]; then
-    step "$PY" -m pytest tests/ "$@"
-  else
-    echo "no $ROOT/.venv: run scripts/setup.sh first" >&2
-    FAILED+=("pytest (no .venv)")
+  if [ ${#PYTEST_PATHS[@]} -gt 0 ]; then
+    PY="$ROOT/.venv/bin/python"
+    if [ -x "$PY" ]; then
+      step "$PY" -m pytest "${PYTEST_PATHS[@]}" "$@"
+    else
+      echo "no $ROOT/.venv: run scripts/setup.sh first" >&2
+      FAILED+=("pytest (no .venv)")
+    fi
   fi
-else
+elif [ ${#PYTEST_PATHS[@]} -gt 0 ]; then
   FAILED+=("pytest (not run: the wasm did not build)")
 fi
 
 echo
 if [ ${#FAILED[@]} -eq 0 ]; then
-  echo "==> all checks passed"
+  echo "==> tier $TIER: all checks passed"
 else
-  echo "==> failed steps:"
+  echo "==> tier $TIER: failed steps:"
   printf '    %s\n' "${FAILED[@]}"
   exit 1
 fi

@@ -1,11 +1,11 @@
 """Runs the Envoy service of docker-compose.yml as a container would, without Docker.
 
-Started by test_compose.py as ``unshare -rnm python compose_netns.py SPEC.json``: in a private
+Started by test_compose.py as ``unshare -rnm python -m tests.compose.compose_netns SPEC.json``: in a private
 network namespace (nothing to clash with on the host, only loopback) and mount namespace,
 it
 
 * makes the name `vllm` resolve, as the compose network's DNS does (a bind-mounted /etc/hosts);
-* serves a fake vLLM on 127.0.0.1:8000 (tests/e2e/e2e_upstream.py: echo + /tokenize);
+* serves a fake vLLM on 127.0.0.1:8000 (tests/harness/upstream.py: echo + /tokenize);
 * runs the host's Envoy binary with the compose service's own command-line arguments, on a copy
   of envoy/envoy.yaml whose paths are those of the compose bind mounts (the container path
   of each mount replaced by its source on the host);
@@ -22,9 +22,9 @@ import time
 import urllib.request
 from pathlib import Path
 
+from tests.harness.upstream import Upstream
+
 spec = json.loads(Path(sys.argv[1]).read_text())
-sys.path.insert(0, spec["e2e_dir"])
-from e2e_upstream import Upstream  # noqa: E402
 
 report = {"ok": False}
 tmp = Path(tempfile.mkdtemp(prefix="compose-netns-"))

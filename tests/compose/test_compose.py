@@ -29,9 +29,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 COMPOSE = ROOT / "docker-compose.yml"
 DOTENV = ROOT / ".env"
-sys.path.insert(0, str(ROOT / "tests" / "e2e"))
-
-from e2e_envoy import SHIPPED_CONFIG, envoy_binary, load_shipped, wasm_filter  # noqa: E402
+from tests.harness.envoy import SHIPPED_CONFIG, envoy_binary, load_shipped, wasm_filter
 
 BUILT_WASM = ROOT / "target" / "wasm32-wasip1" / "release" / "incontext.wasm"
 
@@ -323,7 +321,6 @@ def test_envoy_service_command_and_healthcheck_work(doc, tmp_path):
     cfg = load_shipped()
     listen = cfg["static_resources"]["listeners"][0]["address"]["socket_address"]["port_value"]
     spec = {
-        "e2e_dir": str(ROOT / "tests" / "e2e"),
         "envoy_bin": binary,
         "envoy_args": args,
         "healthcheck": test[1:],
@@ -337,8 +334,8 @@ def test_envoy_service_command_and_healthcheck_work(doc, tmp_path):
     }
     spec_path = tmp_path / "spec.json"
     spec_path.write_text(json.dumps(spec))
-    out = subprocess.run(["unshare", "-rnm", sys.executable, str(HERE / "compose_netns.py"),
-                          str(spec_path)], capture_output=True, text=True, timeout=180)
+    out = subprocess.run(["unshare", "-rnm", sys.executable, "-m", "tests.compose.compose_netns",
+                          str(spec_path)], cwd=ROOT, capture_output=True, text=True, timeout=180)
     assert out.returncode == 0, out.stderr[-2000:]
     report = json.loads(out.stdout.strip().splitlines()[-1])
     assert report.get("healthy"), json.dumps(report, indent=1)

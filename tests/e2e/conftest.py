@@ -12,17 +12,14 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from collections import OrderedDict
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from e2e_common import MAIN, Proxy  # noqa: E402
-from e2e_envoy import WASM, Envoy, envoy_binary, no_filter  # noqa: E402
-from e2e_upstream import Upstream  # noqa: E402
+from tests.e2e.common import MAIN, Proxy
+from tests.harness.envoy import WASM, Envoy, envoy_binary, no_filter
+from tests.harness.upstream import Upstream
 
 MAX_ALIVE = 3
 
@@ -117,7 +114,7 @@ def proxy_for(envoys, upstream):
 
 @pytest.fixture
 def proxy(proxy_for) -> Proxy:
-    """A Proxy through an Envoy with the main test configuration (e2e_common.MAIN)."""
+    """A Proxy through an Envoy with the main test configuration (tests.e2e.common.MAIN)."""
     return proxy_for(MAIN)
 
 

@@ -2,8 +2,8 @@
 
 import httpx
 
-from e2e_common import (C, Proxy, assert_rewritten, assert_unchanged, cfg, chat, dumps, nonce)
-from e2e_spec import estimate
+from tests.e2e.common import (C, Proxy, assert_rewritten, assert_unchanged, cfg, chat, dumps, nonce)
+from tests.harness.spec import estimate
 
 
 def test_identical_request_twice_one_tokenizer_call(proxy, upstream):

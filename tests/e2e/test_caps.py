@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from e2e_common import W, assert_rewritten, chat, nonce
-from e2e_spec import CAP_FIELDS, parse_cap
+from tests.e2e.common import W, assert_rewritten, chat, nonce
+from tests.harness.spec import CAP_FIELDS, parse_cap
 
 P = 1000
 

@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-from e2e_common import MAIN, cfg
-from e2e_envoy import Envoy, EnvoyError, no_filter, shipped_plugin_config, validate
+from tests.e2e.common import MAIN, cfg
+from tests.harness.envoy import Envoy, EnvoyError, no_filter, shipped_plugin_config, validate
 
 
 @pytest.fixture(scope="module")

@@ -4,10 +4,10 @@ import json
 
 import pytest
 
-from e2e_common import (C, F, MODEL, R, W, assert_rewritten, assert_unchanged, cfg, chat, dumps,
+from tests.e2e.common import (C, F, MODEL, R, W, assert_rewritten, assert_unchanged, cfg, chat, dumps,
                         nonce)
-from e2e_spec import decide, estimate, value_raw
-from e2e_upstream import ok
+from tests.harness.spec import decide, estimate, value_raw
+from tests.harness.upstream import ok
 
 SLOW_TIMEOUT_MS = 300
 
@@ -90,7 +90,7 @@ def test_dispatch_failure_unknown_cluster(proxy_for, upstream):
 
 
 def test_tokenizer_cluster_unreachable(proxy_for, upstream):
-    from e2e_envoy import free_port
+    from tests.harness.envoy import free_port
     dead = {"name": "deadtok", "type": "STATIC", "connect_timeout": "1s",
             "load_assignment": {"cluster_name": "deadtok", "endpoints": [{"lb_endpoints": [
                 {"endpoint": {"address": {"socket_address": {

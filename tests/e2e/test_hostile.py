@@ -22,12 +22,12 @@ from typing import Callable, Dict, List, Tuple
 import httpx
 import pytest
 
-from e2e_common import (C, F, MODEL, R, W, Proxy, Result, assert_content_length,
+from tests.e2e.common import (C, F, MODEL, R, W, Proxy, Result, assert_content_length,
                         assert_rewritten, assert_unchanged, cfg, chat, dumps, nonce)
-from e2e_envoy import Envoy, no_filter
-from e2e_spec import (CAP_FIELDS, chat_payload_obj, decide, dumps_compact, estimate, estimates,
+from tests.harness.envoy import Envoy, no_filter
+from tests.harness.spec import (CAP_FIELDS, chat_payload_obj, decide, dumps_compact, estimate, estimates,
                       non_cap_members_kept, top_level_members)
-from e2e_upstream import ok
+from tests.harness.upstream import ok
 
 LIMIT = 65536                 # max_body_bytes of this module's Envoy
 TOK_TIMEOUT_MS = 3000
@@ -674,8 +674,10 @@ BAD_LOG = ("panicked", "Wasm VM failed", "[critical]", "restricted_callback", "U
            "Function: proxy_on_")
 
 
-def test_zz_counters_consistent_and_no_vm_failure(henv):
-    """Over everything this module sent to its fresh Envoy (cases and probes)."""
+@pytest.mark.last("module")
+def test_counters_consistent_and_no_vm_failure(henv):
+    """Over everything this module sent to its fresh Envoy (cases and probes); marked to run
+    after the module's other tests."""
     c = henv.counters()
     unchanged = sum(v for k, v in c.items() if k.startswith("incontext_unchanged_"))
     failures = sum(v for k, v in c.items() if k.startswith("incontext_tokenizer_failures_"))

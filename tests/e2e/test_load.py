@@ -9,9 +9,9 @@ import re
 
 import httpx
 
-from e2e_common import C, F, MODEL, R, W, chat, completion, dumps, nonce
-from e2e_spec import decide, estimate, non_cap_members_kept, rewritten_obj
-from e2e_upstream import ok
+from tests.e2e.common import C, F, MODEL, R, W, chat, completion, dumps, nonce
+from tests.harness.spec import decide, estimate, non_cap_members_kept, rewritten_obj
+from tests.harness.upstream import ok
 
 N = 400
 COUNT_RE = re.compile(rb"count=(\d+)")

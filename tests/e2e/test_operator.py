@@ -6,9 +6,9 @@ import uuid
 
 import pytest
 
-from e2e_common import (HEADER_NAMES, W, assert_rewritten, assert_unchanged, cfg, chat,
+from tests.e2e.common import (HEADER_NAMES, W, assert_rewritten, assert_unchanged, cfg, chat,
                         completion, dumps)
-from e2e_spec import estimate
+from tests.harness.spec import estimate
 
 COUNTERS = ["incontext_requests", "incontext_rewritten", "incontext_rejected",
             "incontext_tokenizer_calls", "incontext_cache_hits", "incontext_cache_misses",

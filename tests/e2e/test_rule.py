@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from e2e_common import (C, MAIN, MODEL, R, W, assert_content_length, assert_rewritten,
+from tests.e2e.common import (C, MAIN, MODEL, R, W, assert_content_length, assert_rewritten,
                         assert_unchanged, chat, completion, cfg, dumps, nonce)
-from e2e_spec import CAP_FIELDS, decide
+from tests.harness.spec import CAP_FIELDS, decide
 
 
 def test_remaining_equal_to_R_rewrites_to_R(proxy, upstream):

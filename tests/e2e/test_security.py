@@ -19,9 +19,9 @@ import os
 
 import pytest
 
-from e2e_common import (Proxy, assert_rewritten, assert_unchanged, cfg, chat, dumps, nonce)
-from e2e_envoy import Envoy, EnvoyError, no_filter, validate
-from e2e_spec import estimate
+from tests.e2e.common import (Proxy, assert_rewritten, assert_unchanged, cfg, chat, dumps, nonce)
+from tests.harness.envoy import Envoy, EnvoyError, no_filter, validate
+from tests.harness.spec import estimate
 
 RUN = nonce()
 ENV_VAR = f"INCONTEXT_TEST_TOKEN_{RUN.upper()}"
@@ -142,7 +142,7 @@ def test_env_credential_is_not_in_envoys_config_dump(senv):
     """The admin /config_dump shows the plugin configuration as written: a literal tokenizer
     header (and a key_values variable) is visible there, a host_env_keys one is not (it is read
     by the VM from Envoy's environment). Keep the admin interface on loopback either way."""
-    from e2e_envoy import _http_get
+    from tests.harness.envoy import _http_get
 
     status, dump = _http_get(senv.admin + "/config_dump", timeout=10)
     assert status == 200
@@ -231,7 +231,7 @@ def tls_tokenizer(tls_files):
     """The fake tokenizer behind TLS only (a second Upstream whose socket speaks TLS)."""
     import ssl
 
-    from e2e_upstream import Upstream
+    from tests.harness.upstream import Upstream
 
     up = Upstream()
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -297,9 +297,10 @@ def test_tokenizer_over_tls_through_the_envoy_cluster(envoy_bin, wasm, upstream,
 
 
 # --- the canary: nothing secret in the log ------------------------------------------------------
-def test_zz_log_never_contains_credentials_or_prompts(sp, senv, upstream, envoys):
+@pytest.mark.last("module")
+def test_log_never_contains_credentials_or_prompts(sp, senv, upstream, envoys):
     """Many outcomes with the canaries in prompts and headers, then the whole log is searched.
-    Runs last in this module (it stops the module's Envoy to flush the log)."""
+    Marked to run last in this module (it stops the module's Envoy to flush the log)."""
     t = upstream.tokenizer
     t.count(100)
     body = dumps(chat(prompt("exact"), max_tokens=100000))

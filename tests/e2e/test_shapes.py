@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from e2e_common import (MODEL, W, assert_content_length, assert_rewritten, assert_unchanged, cfg,
+from tests.e2e.common import (MODEL, W, assert_content_length, assert_rewritten, assert_unchanged, cfg,
                         chat, completion, dumps, nonce)
 
 

@@ -5,9 +5,9 @@ from collections import OrderedDict
 
 import pytest
 
-from e2e_common import (EXTRA_HEADER, MODEL, TOKENIZER_AUTHORITY, W, assert_rewritten,
+from tests.e2e.common import (EXTRA_HEADER, MODEL, TOKENIZER_AUTHORITY, W, assert_rewritten,
                         assert_unchanged, cfg, chat, completion, dumps, nonce)
-from e2e_spec import chat_payload_obj, completion_payload_obj, dumps_compact, estimates
+from tests.harness.spec import chat_payload_obj, completion_payload_obj, dumps_compact, estimates
 
 
 def one_call(res):

@@ -1,6 +1,6 @@
 """Chaos soak: many requests through the real Envoy + incontext.wasm while the tokenizer flaps.
 
-    .venv/bin/python tests/soak/soak.py [--requests 30000] [--concurrency 32] [--json out.json]
+    .venv/bin/python -m tests.soak.soak [--requests 30000] [--concurrency 32] [--json out.json]
     scripts/soak.sh [requests] [concurrency]
 
 What it does:
@@ -43,15 +43,13 @@ from collections import Counter, OrderedDict
 from pathlib import Path
 from typing import List, Optional
 
+import httpx
+
+from tests.harness.envoy import Envoy, _http_get, envoy_binary
+from tests.harness.spec import (CAP_FIELDS, decide, estimate, non_cap_members_kept, rough,
+                                rewritten_obj, value_raw)
+
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
-sys.path.insert(0, str(ROOT / "tests" / "e2e"))
-
-import httpx  # noqa: E402
-
-from e2e_envoy import Envoy, _http_get, envoy_binary  # noqa: E402
-from e2e_spec import (CAP_FIELDS, decide, estimate, non_cap_members_kept, rough,  # noqa: E402
-                      rewritten_obj, value_raw)
 
 C = 32768
 R = 4096

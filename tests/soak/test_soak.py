@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from soak import CACHE_ENTRIES, Soak, human
+from tests.soak.soak import CACHE_ENTRIES, Soak, human
 
 REQUESTS = int(os.environ.get("INCONTEXT_SOAK_REQUESTS", "3000"))
 

@@ -9,16 +9,13 @@
 from __future__ import annotations
 
 import os
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from vllm_stack import (COUNT_LOG, WASM, Client, StackError, Vllm, free_port, no_filter,  # noqa: E402
-                        plugin_config, start_envoy)
+from tests.vllm.stack import (COUNT_LOG, WASM, Client, StackError, Vllm, free_port, no_filter,
+                              plugin_config, start_envoy)
 
 HERE = Path(__file__).resolve().parent
 _TIMINGS = {}
@@ -36,7 +33,7 @@ class Stack:
 
     def envoy(self, name: str, *, dead_upstream: bool = False, **changes):
         """The Envoy for configuration ``name`` (started once); ``changes`` amend the base
-        plugin configuration (see vllm_stack.plugin_config)."""
+        plugin configuration (see tests.vllm.stack.plugin_config)."""
         env = self.envoys.get(name)
         if env is not None and env.alive():
             return env

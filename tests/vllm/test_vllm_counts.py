@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from vllm_stack import C, COUNT_LOG, MODEL, fit_messages
+from tests.vllm.stack import C, COUNT_LOG, MODEL, fit_messages
 
 SYSTEM = {"role": "system", "content": "You are a terse assistant. Answer in one line."}
 NON_ASCII = ("Grüße aus Köln: café, naïve, façade — “quotes”, ‘single’, «guillemets» … "

@@ -1,7 +1,7 @@
 """on_insufficient: "reject" with the real tokenizer: a prompt that leaves less than R gets a
 400 context_length_exceeded from Envoy, and vLLM never sees the request."""
 
-from vllm_stack import C, MODEL, R, cluster_counter, fit_messages
+from tests.vllm.stack import C, MODEL, R, cluster_counter, fit_messages
 
 
 def near_window(vllm, target, nonce):

@@ -2,7 +2,7 @@
 
 import pytest
 
-from vllm_stack import C, MODEL, R, direct_post, fit_messages
+from tests.vllm.stack import C, MODEL, R, direct_post, fit_messages
 
 
 def long_chat(vllm, target, nonce):

@@ -1,4 +1,5 @@
-"""Runs last (file order): every Envoy the suite started ran without a wasm failure.
+"""Every Envoy the suite started ran without a wasm failure (marked `last`: it runs after every
+other test of the session, see tests/conftest.py).
 
 A panic inside the filter makes the VM fail; with failure_policy FAIL_RELOAD Envoy would
 quietly start a new one, so the logs are the place where it shows.
@@ -6,10 +7,13 @@ quietly start a new one, so the logs are the place where it shows.
 
 import re
 
+import pytest
+
 BAD = re.compile(r"panicked|Wasm VM failed|Function: proxy_on_\w+ failed|\[critical\]|"
                  r"restricted_callback|Uncaught")
 
 
+@pytest.mark.last
 def test_no_wasm_failures_in_any_envoy_log(envoys):
     envoys.stop_all()  # flushes the logs
     logs = sorted(envoys.workdir.glob("envoy*.log"))

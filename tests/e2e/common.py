@@ -10,7 +10,7 @@ from typing import Dict, List, Optional
 
 import httpx
 
-from e2e_upstream import Record
+from tests.harness.upstream import Record
 
 # The numbers of the main test configuration.
 C = 32768          # context_length (and the tokenizer's max_model_len)
@@ -175,7 +175,7 @@ def assert_unchanged(res: Result, reason: Optional[str], *, tokenize_calls: Opti
 def assert_rewritten(res: Result, P: int, exact: bool = True, *, source: Optional[str] = None,
                      W_: int = None, C_: int = None, R_: int = None, F_: int = None, T=None):
     """Rewritten exactly as SPEC §2 says for prompt count P; returns the Decision."""
-    from e2e_spec import decide, non_cap_members_kept, rewritten_obj
+    from tests.harness.spec import decide, non_cap_members_kept, rewritten_obj
 
     obj = json.loads(res.sent)
     d = decide(obj, P, exact, W=W if W_ is None else W_, C=C if C_ is None else C_,

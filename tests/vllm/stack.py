@@ -2,7 +2,7 @@
 
 vLLM is the CPU build installed by scripts/setup-vllm.sh, serving the tiny Qwen3 model
 (`qwen3-tiny`, real Qwen3 tokenizer and chat template, dummy weights) with a 512-token window.
-Envoy is rendered from envoy/envoy.yaml by tests/e2e/e2e_envoy.py (only the wasm path, ports,
+Envoy is rendered from envoy/envoy.yaml by tests/harness/envoy.py (only the wasm path, ports,
 the `vllm` cluster address and the plugin configuration change).
 """
 
@@ -12,7 +12,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
@@ -21,9 +20,7 @@ import httpx
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-sys.path.insert(0, str(ROOT / "tests" / "e2e"))
-
-from e2e_envoy import WASM, Envoy, envoy_binary, free_port, no_filter  # noqa: E402,F401
+from tests.harness.envoy import WASM, Envoy, envoy_binary, free_port, no_filter  # noqa: F401
 
 VLLM_SH = ROOT / "scripts" / "vllm.sh"
 MODEL = "qwen3-tiny"        # served model name (scripts/vllm.sh)

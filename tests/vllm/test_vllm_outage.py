@@ -7,15 +7,15 @@ must be counted, and once vLLM is back exact counting resumes (failures are neve
 """
 
 import re
-import sys
-from pathlib import Path
 
 import httpx
+import pytest
 
-from vllm_stack import C, F, MODEL, R, fit_messages
+from tests.harness.spec import estimate
+from tests.vllm.stack import C, F, MODEL, R, fit_messages
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
-from e2e_spec import estimate  # noqa: E402
+# It stops and restarts the session's vLLM: after every other test (tests/conftest.py).
+pytestmark = pytest.mark.last
 
 ENVOY_UPSTREAM_ERROR = re.compile(r"upstream connect error|no healthy upstream|"
                                   r"connection refused|reset reason", re.I)

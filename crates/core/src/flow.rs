@@ -740,3 +740,475 @@ impl Request {
         self.form == Form::Messages
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    /// A dispatched call: cluster, headers, call.
+    type Dispatched = (String, Vec<(String, String)>, Call);
+
+    /// A host that keeps shared data in a map, records every call and counter, and can refuse
+    /// dispatches.
+    #[derive(Default)]
+    struct FakeHost {
+        shared: HashMap<String, Vec<u8>>,
+        calls: Vec<Dispatched>,
+        counters: Vec<Counter>,
+        refuse: bool,
+    }
+
+    impl Host for FakeHost {
+        fn get_shared(&mut self, key: &str) -> Option<Vec<u8>> {
+            self.shared.get(key).cloned()
+        }
+        fn set_shared(&mut self, key: &str, value: &[u8]) {
+            self.shared.insert(key.to_string(), value.to_vec());
+        }
+        fn dispatch(
+            &mut self,
+            cluster: &str,
+            headers: &[(&str, &str)],
+            call: &Call,
+            _timeout_ms: u64,
+        ) -> Option<u32> {
+            if self.refuse {
+                return None;
+            }
+            let headers = headers
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            self.calls
+                .push((cluster.to_string(), headers, call.clone()));
+            Some(100 + self.calls.len() as u32)
+        }
+        fn count(&mut self, counter: Counter) {
+            self.counters.push(counter);
+        }
+    }
+
+    impl FakeHost {
+        fn last_token(&self) -> u32 {
+            100 + self.calls.len() as u32
+        }
+        fn has(&self, c: Counter) -> bool {
+            self.counters.contains(&c)
+        }
+    }
+
+    fn plugin(extra: &str) -> Plugin {
+        plugin_at("v", extra)
+    }
+
+    fn plugin_at(cluster: &str, extra: &str) -> Plugin {
+        let text = format!(
+            r#"{{"tokenizer":{{"cluster":"{cluster}"{}}},"min_output_tokens":64,"fallback_margin_tokens":32{}}}"#,
+            extra.split_once('|').map_or("", |(t, _)| t),
+            extra.split_once('|').map_or(extra, |(_, c)| c)
+        );
+        Plugin::new(Config::parse(text.as_bytes()).unwrap())
+    }
+
+    const CHAT: &str =
+        r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":32768}"#;
+    const MESSAGES: &str = r#"{"model":"m","system":"be brief","messages":[{"role":"user","content":"hi"}],"max_tokens":32000}"#;
+
+    fn head(path: &'static str) -> Head<'static> {
+        Head {
+            method: Some("POST"),
+            path: Some(path),
+            ..Head::default()
+        }
+    }
+
+    /// Headers, then the whole body in one chunk.
+    fn send(p: &Plugin, host: &mut FakeHost, path: &'static str, body: &str) -> (Exchange, Step) {
+        let mut x = Exchange::new();
+        assert_eq!(x.on_headers(p, host, &head(path)), HeadStep::Buffer);
+        assert_eq!(
+            x.on_body_chunk(p, host, body.len() / 2, false),
+            BodyStep::Buffer
+        );
+        assert_eq!(x.on_body_chunk(p, host, body.len(), true), BodyStep::Read);
+        let step = x.on_body(p, host, body.as_bytes().to_vec());
+        (x, step)
+    }
+
+    fn reply(p: &Plugin, host: &mut FakeHost, x: &mut Exchange, status: u16, body: &str) -> Step {
+        let token = host.last_token();
+        x.on_reply(p, host, token, Some(status), body.len(), body.as_bytes())
+            .expect("the exchange's own call")
+    }
+
+    /// The rewritten body as JSON.
+    fn rewritten(step: Step) -> serde_json::Value {
+        match step {
+            Step::Done(Outcome::Rewrite(mut r)) => {
+                let (end, head) = r.head();
+                let (end, head) = (end, head.into_owned());
+                let mut out = head;
+                out.extend_from_slice(&r.body[end..]);
+                serde_json::from_slice(&out).unwrap()
+            }
+            other => panic!("not rewritten: {other:?}"),
+        }
+    }
+
+    fn header(x: &Exchange, p: &Plugin, name: &str) -> Option<String> {
+        x.response_headers(p)
+            .into_iter()
+            .find(|(k, _)| *k == name)
+            .map(|(_, v)| v)
+    }
+
+    #[test]
+    fn miss_counts_then_hit_skips_the_call() {
+        let p = plugin(r#","context_length":512"#);
+        let mut host = FakeHost::default();
+        let (mut x, step) = send(&p, &mut host, "/v1/chat/completions", CHAT);
+        assert!(matches!(step, Step::Wait));
+        assert!(x.waiting());
+        let (cluster, headers, call) = &host.calls[0];
+        assert_eq!((cluster.as_str(), call.path.as_str()), ("v", "/tokenize"));
+        assert!(headers.contains(&("content-type".into(), "application/json".into())));
+        // A body chunk while the call is out keeps the request held.
+        assert_eq!(x.on_body_chunk(&p, &mut host, 1, true), BodyStep::Wait);
+        let v = rewritten(reply(
+            &p,
+            &mut host,
+            &mut x,
+            200,
+            r#"{"count":40,"max_model_len":512}"#,
+        ));
+        assert_eq!(v["max_tokens"], 472);
+        assert_eq!(header(&x, &p, HEADER_SOURCE).as_deref(), Some("exact"));
+        assert_eq!(header(&x, &p, HEADER_ACTION).as_deref(), Some("rewritten"));
+        assert!(host.has(Counter::CacheMisses) && host.has(Counter::Rewritten));
+
+        let (x2, step) = send(&p, &mut host, "/v1/chat/completions", CHAT);
+        assert_eq!(rewritten(step)["max_tokens"], 472);
+        assert_eq!(host.calls.len(), 1, "a hit makes no call");
+        assert!(host.has(Counter::CacheHits));
+        assert_eq!(header(&x2, &p, HEADER_SOURCE).as_deref(), Some("cache"));
+    }
+
+    #[test]
+    fn every_failure_kind_falls_back_to_the_estimate() {
+        let cases: [(Option<u16>, &str, Failure); 6] = [
+            (None, "", Failure::Transport),
+            (Some(504), "", Failure::Timeout),
+            (Some(500), "{}", Failure::Status),
+            (Some(200), "nope", Failure::BadJson),
+            (
+                Some(200),
+                r#"{"count":true,"max_model_len":512}"#,
+                Failure::Contract,
+            ),
+            (
+                Some(200),
+                r#"{"count":4,"max_model_len":1024}"#,
+                Failure::Mismatch,
+            ),
+        ];
+        for (status, body, failure) in cases {
+            let p = plugin(r#","context_length":512"#);
+            let mut host = FakeHost::default();
+            let (mut x, _) = send(&p, &mut host, "/v1/chat/completions", CHAT);
+            let token = host.last_token();
+            let step = x
+                .on_reply(&p, &mut host, token, status, body.len(), body.as_bytes())
+                .unwrap();
+            let v = rewritten(step);
+            let estimate = crate::estimate::estimate(&[r#"[{"role":"user","content":"hi"}]"#]);
+            assert_eq!(v["max_tokens"], 512 - estimate - 32, "{failure:?}");
+            assert!(host.has(Counter::Failure(failure)), "{failure:?}");
+            assert!(host.has(Counter::Estimates));
+            assert_eq!(header(&x, &p, HEADER_SOURCE).as_deref(), Some("estimate"));
+            // Failures are never cached: the same request calls again.
+            send(&p, &mut host, "/v1/chat/completions", CHAT);
+            assert_eq!(host.calls.len(), 2, "{failure:?}");
+        }
+        // A reply larger than the limit is not read.
+        let p = plugin(r#","context_length":512"#);
+        let mut host = FakeHost::default();
+        let (mut x, _) = send(&p, &mut host, "/v1/chat/completions", CHAT);
+        let token = host.last_token();
+        let ok = br#"{"count":4,"max_model_len":512}"#;
+        x.on_reply(&p, &mut host, token, Some(200), MAX_REPLY_BYTES + 1, ok)
+            .unwrap();
+        assert!(host.has(Counter::Failure(Failure::Contract)));
+        // A refused dispatch.
+        let mut host = FakeHost {
+            refuse: true,
+            ..FakeHost::default()
+        };
+        let (_, step) = send(&p, &mut host, "/v1/chat/completions", CHAT);
+        rewritten(step);
+        assert!(host.has(Counter::Failure(Failure::Dispatch)));
+    }
+
+    #[test]
+    fn callbacks_out_of_order_change_nothing() {
+        let p = plugin(r#","context_length":512"#);
+        let mut host = FakeHost::default();
+        let (mut x, _) = send(&p, &mut host, "/v1/chat/completions", CHAT);
+        let other = host.last_token() + 7;
+        assert!(x
+            .on_reply(&p, &mut host, other, Some(200), 0, b"")
+            .is_none());
+        assert!(x.waiting(), "an unknown token leaves the call out");
+        // Trailers instead of an end-of-stream body: not budgeted.
+        let mut y = Exchange::new();
+        y.on_headers(&p, &mut host, &head("/v1/chat/completions"));
+        y.on_trailers(&mut host);
+        assert!(host.has(Counter::Unchanged(Reason::NotJson)));
+        assert_eq!(y.on_body_chunk(&p, &mut host, 10, true), BodyStep::Continue);
+    }
+
+    #[test]
+    fn heads_that_are_not_budgeted() {
+        let p = plugin(r#","context_length":512,"max_body_bytes":100"#);
+        let mut host = FakeHost::default();
+        let cases = [
+            (
+                Head {
+                    method: Some("GET"),
+                    ..head("/v1/chat/completions")
+                },
+                Reason::Method,
+            ),
+            (
+                Head {
+                    content_encoding: Some("gzip"),
+                    ..head("/v1/chat/completions")
+                },
+                Reason::Encoding,
+            ),
+            (
+                Head {
+                    content_length: Some("101"),
+                    ..head("/x")
+                },
+                Reason::TooLarge,
+            ),
+            (head("/v1/messages/count_tokens"), Reason::CountOnly),
+            (head("/v1/responses?x=1"), Reason::ResponsesApi),
+            (
+                Head {
+                    end_of_stream: true,
+                    ..head("/x")
+                },
+                Reason::NotJson,
+            ),
+        ];
+        for (h, reason) in cases {
+            let mut x = Exchange::new();
+            assert_eq!(x.on_headers(&p, &mut host, &h), HeadStep::Continue);
+            assert_eq!(
+                header(&x, &p, HEADER_ACTION),
+                Some(format!("unchanged:{}", reason.as_str()))
+            );
+        }
+        // Oversize while buffering.
+        let mut x = Exchange::new();
+        assert_eq!(x.on_headers(&p, &mut host, &head("/x")), HeadStep::Buffer);
+        assert_eq!(
+            x.on_body_chunk(&p, &mut host, 101, false),
+            BodyStep::Continue
+        );
+        assert!(host.has(Counter::Unchanged(Reason::TooLarge)));
+    }
+
+    #[test]
+    fn learned_windows_are_scoped_by_route() {
+        let a = plugin_at("a", "");
+        let b = plugin_at("b", "");
+        let mut host = FakeHost::default();
+        let (mut x, _) = send(&a, &mut host, "/v1/chat/completions", CHAT);
+        rewritten(reply(
+            &a,
+            &mut host,
+            &mut x,
+            200,
+            r#"{"count":40,"max_model_len":512}"#,
+        ));
+        // Token ids: counted without a call, windowed by what this route learned.
+        let ids = r#"{"model":"m","prompt":[1,2,3,4],"max_tokens":99999}"#;
+        let (_, step) = send(&a, &mut host, "/v1/completions", ids);
+        assert_eq!(rewritten(step)["max_tokens"], 508);
+        let mut other = FakeHost {
+            shared: host.shared.clone(),
+            ..FakeHost::default()
+        };
+        let (x, step) = send(&b, &mut other, "/v1/completions", ids);
+        assert!(matches!(step, Step::Done(Outcome::Continue)));
+        assert_eq!(
+            header(&x, &b, HEADER_ACTION).as_deref(),
+            Some("unchanged:no_window")
+        );
+    }
+
+    #[test]
+    fn reject_answers_in_the_dialect() {
+        let p = plugin(r#","context_length":512,"on_insufficient":"reject""#);
+        let mut host = FakeHost::default();
+        let (mut x, _) = send(&p, &mut host, "/v1/chat/completions", CHAT);
+        match reply(
+            &p,
+            &mut host,
+            &mut x,
+            200,
+            r#"{"count":500,"max_model_len":512}"#,
+        ) {
+            Step::Done(Outcome::Reply(r)) => {
+                assert_eq!(r.status, 400);
+                let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+                assert_eq!(v["error"]["code"], "context_length_exceeded");
+                assert!(r.headers.contains(&(HEADER_ACTION, "rejected".to_string())));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(
+            x.response_headers(&p).is_empty(),
+            "sent with the local reply"
+        );
+        let (mut y, _) = send(&p, &mut host, "/v1/messages", MESSAGES);
+        assert_eq!(
+            host.calls.last().unwrap().2.path,
+            backend::MESSAGES_COUNT_PATH
+        );
+        match reply(&p, &mut host, &mut y, 200, r#"{"input_tokens":500}"#) {
+            Step::Done(Outcome::Reply(r)) => {
+                let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+                assert_eq!(v["type"], "error");
+                assert_eq!(
+                    v["error"]["message"],
+                    "prompt is too long: 500 tokens > 448 maximum"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        // An estimate never rejects.
+        let mut host = FakeHost::default();
+        let (mut z, _) = send(&p, &mut host, "/v1/chat/completions", CHAT);
+        let token = host.last_token();
+        let step = z.on_reply(&p, &mut host, token, Some(500), 0, b"").unwrap();
+        assert!(!matches!(step, Step::Done(Outcome::Reply(_))));
+    }
+
+    #[test]
+    fn anthropic_learns_the_window_first_then_counts() {
+        let p = plugin("");
+        let mut host = FakeHost::default();
+        let (mut x, step) = send(&p, &mut host, "/v1/messages", MESSAGES);
+        assert!(matches!(step, Step::Wait));
+        assert_eq!(host.calls[0].2.path, backend::MODELS_PATH);
+        assert_eq!(host.calls[0].2.method, "GET");
+        let step = reply(
+            &p,
+            &mut host,
+            &mut x,
+            200,
+            r#"{"data":[{"id":"m","max_model_len":512}]}"#,
+        );
+        assert!(matches!(step, Step::Wait));
+        assert_eq!(host.calls[1].2.path, backend::MESSAGES_COUNT_PATH);
+        let v = rewritten(reply(&p, &mut host, &mut x, 200, r#"{"input_tokens":30}"#));
+        assert_eq!(v["max_tokens"], 482);
+        assert_eq!(v["system"], "be brief");
+        // The window is learned once per route: the next request counts straight away.
+        let body = MESSAGES.replace("hi", "hello");
+        let (_, step) = send(
+            &p,
+            &mut host,
+            "/v1/messages",
+            Box::leak(body.into_boxed_str()),
+        );
+        assert!(matches!(step, Step::Wait));
+        assert_eq!(host.calls.len(), 3);
+        assert_eq!(host.calls[2].2.path, backend::MESSAGES_COUNT_PATH);
+    }
+
+    #[test]
+    fn anthropic_thinking_budget() {
+        let p = plugin(r#","context_length":4096"#);
+        let mut host = FakeHost::default();
+        let with = |budget: u64| {
+            MESSAGES.replace(
+                r#""max_tokens":32000"#,
+                &format!(
+                    r#""max_tokens":32000,"thinking":{{"type":"enabled","budget_tokens":{budget}}}"#
+                ),
+            )
+        };
+        let body: &'static str = Box::leak(with(2000).into_boxed_str());
+        let (mut x, _) = send(&p, &mut host, "/v1/messages", body);
+        let v = rewritten(reply(
+            &p,
+            &mut host,
+            &mut x,
+            200,
+            r#"{"input_tokens":2500}"#,
+        ));
+        assert_eq!(v["max_tokens"], 1596);
+        assert_eq!(v["thinking"]["budget_tokens"], 1595);
+        assert_eq!(v["thinking"]["type"], "enabled");
+        // No valid budget below the new cap: unchanged, with a reason.
+        let mut host = FakeHost::default();
+        let (mut y, _) = send(&p, &mut host, "/v1/messages", body);
+        let step = reply(&p, &mut host, &mut y, 200, r#"{"input_tokens":3100}"#);
+        assert!(matches!(step, Step::Done(Outcome::Continue)));
+        assert_eq!(
+            header(&y, &p, HEADER_ACTION).as_deref(),
+            Some("unchanged:thinking_budget")
+        );
+        // A budget already below the new cap is left alone.
+        let small: &'static str = Box::leak(with(1024).into_boxed_str());
+        let mut host = FakeHost::default();
+        let (mut z, _) = send(&p, &mut host, "/v1/messages", small);
+        let v = rewritten(reply(&p, &mut host, &mut z, 200, r#"{"input_tokens":100}"#));
+        assert_eq!(v["thinking"]["budget_tokens"], 1024);
+    }
+
+    #[test]
+    fn llamacpp_window_from_props_and_sglang_ignores_tokenize_limit() {
+        let p = plugin(r#","backend":"llamacpp"|"#);
+        let mut host = FakeHost::default();
+        let (mut x, _) = send(&p, &mut host, "/v1/chat/completions", CHAT);
+        assert_eq!(host.calls[0].2.path, backend::LLAMACPP_PROPS_PATH);
+        reply(
+            &p,
+            &mut host,
+            &mut x,
+            200,
+            r#"{"default_generation_settings":{"n_ctx":512}}"#,
+        );
+        assert_eq!(host.calls[1].2.path, backend::LLAMACPP_CHAT_COUNT_PATH);
+        let v = rewritten(reply(&p, &mut host, &mut x, 200, r#"{"input_tokens":12}"#));
+        assert_eq!(v["max_tokens"], 500);
+
+        let p = plugin(r#","backend":"sglang"|"#);
+        let mut host = FakeHost::default();
+        let (mut x, _) = send(&p, &mut host, "/v1/chat/completions", CHAT);
+        reply(
+            &p,
+            &mut host,
+            &mut x,
+            200,
+            r#"{"object":"list","data":[{"id":"m","max_model_len":512}]}"#,
+        );
+        let v = rewritten(reply(
+            &p,
+            &mut host,
+            &mut x,
+            200,
+            r#"{"count":12,"max_model_len":40960}"#,
+        ));
+        assert_eq!(
+            v["max_tokens"], 500,
+            "the window is /v1/models', not /tokenize's"
+        );
+    }
+}

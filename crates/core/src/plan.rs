@@ -325,8 +325,8 @@ mod tests {
 #[cfg(test)]
 mod properties {
     use super::*;
-    use crate::request::analyze;
     use crate::json::scan::scan;
+    use crate::request::analyze;
     use proptest::prelude::*;
 
     fn member() -> impl Strategy<Value = (String, String)> {

@@ -524,23 +524,67 @@ impl Exchange {
         }
     }
 
-    fn counted(
+    /// The answer to a call whose request is gone (the client left, the stream was reset):
+    /// what it tells is still stored (the count, a learned window), so the next identical
+    /// request need not ask again. Nothing is decided. `false`: not this exchange's call.
+    pub fn on_late_reply(
         &mut self,
         plugin: &Plugin,
         host: &mut dyn Host,
-        pending: Box<Pending>,
-        counted: Counted,
-    ) -> Step {
+        token: u32,
+        status: Option<u16>,
+        size: usize,
+        body: &[u8],
+    ) -> bool {
+        let state = std::mem::replace(&mut self.state, State::Passing);
+        match state {
+            State::Window { token: t, pending } if t == token => {
+                let call = backend::window_call(&plugin.config);
+                let window = read(size, body, |b| {
+                    backend::parse_window(call.kind, Some(&pending.model), status, b)
+                });
+                match window {
+                    Ok(c) => plugin.learn(host, &pending.model, c),
+                    Err(failure) => host.count(Counter::Failure(failure)),
+                }
+                true
+            }
+            State::Counting {
+                token: t,
+                kind,
+                pending,
+            } if t == token => {
+                match read(size, body, |b| {
+                    backend::parse_count(&plugin.config, kind, status, b)
+                }) {
+                    Ok(counted) => {
+                        self.store(plugin, host, &pending, counted);
+                    }
+                    Err(failure) => host.count(Counter::Failure(failure)),
+                }
+                true
+            }
+            other => {
+                self.state = other;
+                false
+            }
+        }
+    }
+
+    /// The token of the call that is out, if any.
+    pub fn pending_token(&self) -> Option<u32> {
+        match self.state {
+            State::Window { token, .. } | State::Counting { token, .. } => Some(token),
+            _ => None,
+        }
+    }
+
+    /// Stores an exact count and the window it reported.
+    fn store(&self, plugin: &Plugin, host: &mut dyn Host, pending: &Pending, counted: Counted) {
         let config = &plugin.config;
-        let Pending {
-            req,
-            body,
-            key,
-            model,
-        } = *pending;
         if let Some(c) = counted.window {
             if config.context_length.is_none() {
-                plugin.learn(host, &model, c);
+                plugin.learn(host, &pending.model, c);
             }
         }
         let reply = Reply {
@@ -548,9 +592,20 @@ impl Exchange {
             max_model_len: counted.window.unwrap_or(0),
         };
         host.set_shared(
-            &cache::slot_key(key, config.cache_entries),
-            &cache::encode(key, reply),
+            &cache::slot_key(pending.key, config.cache_entries),
+            &cache::encode(pending.key, reply),
         );
+    }
+
+    fn counted(
+        &mut self,
+        plugin: &Plugin,
+        host: &mut dyn Host,
+        pending: Box<Pending>,
+        counted: Counted,
+    ) -> Step {
+        self.store(plugin, host, &pending, counted);
+        let Pending { req, body, .. } = *pending;
         let count = Count {
             tokens: counted.count,
             source: Source::Exact,

@@ -1,9 +1,37 @@
-//! Host calls that never panic. The SDK's `hostcalls` panic on statuses they do not expect
-//! (Envoy answers BadArgument, for example, to a header change made at the wrong time); these
-//! wrappers call the proxy-wasm ABI directly and turn every status into a `Result`.
+//! Every host call of the filter: the proxy-wasm ABI's imports, each wrapped so that every
+//! status becomes a `Result` (Envoy answers BadArgument, for example, to a header change made
+//! at the wrong time). Nothing here panics.
 
-use proxy_wasm::types::{BufferType, LogLevel, MapType, MetricType};
 use std::ptr::null_mut;
+
+/// Buffers of the ABI (`proxy_get_buffer_bytes`).
+#[derive(Debug, Clone, Copy)]
+pub enum BufferType {
+    HttpRequestBody = 0,
+    HttpCallResponseBody = 4,
+    PluginConfiguration = 7,
+}
+
+/// Header maps of the ABI.
+#[allow(clippy::enum_variant_names)]
+#[derive(Debug, Clone, Copy)]
+pub enum MapType {
+    RequestHeaders = 0,
+    ResponseHeaders = 2,
+    CallResponseHeaders = 6,
+}
+
+/// Log levels of the ABI.
+#[derive(Debug, Clone, Copy)]
+pub enum LogLevel {
+    Trace = 0,
+    Debug = 1,
+    Info = 2,
+    Warn = 3,
+    Error = 4,
+}
+
+const METRIC_COUNTER: u32 = 0;
 
 /// A host status other than Ok, or a malformed answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,6 +100,20 @@ extern "C" {
     fn proxy_define_metric(kind: u32, name: *const u8, name_size: usize, id: *mut u32) -> u32;
     fn proxy_increment_metric(id: u32, offset: i64) -> u32;
     fn proxy_continue_stream(stream: u32) -> u32;
+    fn proxy_set_effective_context(context_id: u32) -> u32;
+    #[allow(clippy::too_many_arguments)]
+    fn proxy_http_call(
+        upstream: *const u8,
+        upstream_size: usize,
+        headers: *const u8,
+        headers_size: usize,
+        body: *const u8,
+        body_size: usize,
+        trailers: *const u8,
+        trailers_size: usize,
+        timeout_ms: u32,
+        token: *mut u32,
+    ) -> u32;
 }
 
 fn status(code: u32) -> Result<(), HostError> {
@@ -233,14 +275,7 @@ pub fn set_shared(key: &str, value: &[u8]) -> Result<(), HostError> {
 pub fn define_counter(name: &str) -> Result<u32, HostError> {
     let mut id = 0;
     // SAFETY: pointer and length of a live str; out-pointer to a local.
-    status(unsafe {
-        proxy_define_metric(
-            MetricType::Counter as u32,
-            name.as_ptr(),
-            name.len(),
-            &mut id,
-        )
-    })?;
+    status(unsafe { proxy_define_metric(METRIC_COUNTER, name.as_ptr(), name.len(), &mut id) })?;
     Ok(id)
 }
 
@@ -250,25 +285,39 @@ pub fn increment(id: u32) -> Result<(), HostError> {
 }
 
 /// Sends an HTTP call to `cluster`; the token its answer will carry.
-///
-/// The one call made through the SDK's `hostcalls`: only it registers the token with the
-/// SDK's dispatcher, which routes the answer to `on_http_call_response` (and treats an
-/// unregistered token as fatal). Envoy answers a dispatch with Ok, BadArgument (unknown
-/// cluster, missing pseudo-header) or InternalFailure, which it maps to errors.
 pub fn dispatch(
     cluster: &str,
     headers: &[(&str, &str)],
     body: Option<&[u8]>,
     timeout_ms: u64,
 ) -> Result<u32, HostError> {
-    proxy_wasm::hostcalls::dispatch_http_call(
-        cluster,
-        headers.to_vec(),
-        body,
-        vec![],
-        std::time::Duration::from_millis(timeout_ms),
-    )
-    .map_err(|s| HostError(s as u32))
+    let map = serialize_map(headers);
+    let trailers = serialize_map(&[]);
+    let body = body.unwrap_or_default();
+    let timeout = u32::try_from(timeout_ms).unwrap_or(u32::MAX);
+    let mut token = 0;
+    // SAFETY: pointers and lengths of live buffers; out-pointer to a local.
+    status(unsafe {
+        proxy_http_call(
+            cluster.as_ptr(),
+            cluster.len(),
+            map.as_ptr(),
+            map.len(),
+            body.as_ptr(),
+            body.len(),
+            trailers.as_ptr(),
+            trailers.len(),
+            timeout,
+            &mut token,
+        )
+    })?;
+    Ok(token)
+}
+
+/// Makes `context_id` the context later host calls act on (a stream, or the plugin's root).
+pub fn set_effective_context(context_id: u32) -> Result<(), HostError> {
+    // SAFETY: plain value.
+    status(unsafe { proxy_set_effective_context(context_id) })
 }
 
 /// Resumes a request paused in the body callback.

@@ -1,17 +1,19 @@
 //! The per-request callbacks: each reads what the host has, hands it to the core's
 //! `Exchange`, and applies the step it returns.
 
-use super::{host, Shared};
+use super::abi::{self, CONTINUE, PAUSE};
+use super::host::{self, BufferType, MapType};
+use super::Shared;
 use incontext_core::flow::{
     BodyStep, Call, Counter, Exchange, Head, HeadStep, Host, Outcome, Step, MAX_REPLY_BYTES,
 };
-use proxy_wasm::traits::{Context, HttpContext};
-use proxy_wasm::types::{Action, BufferType, MapType};
 use std::rc::Rc;
 
-/// The core's view of the host.
+/// The core's view of the host, for one stream.
 struct Env<'a> {
     shared: &'a Shared,
+    stream: u32,
+    root: u32,
 }
 
 impl Host for Env<'_> {
@@ -30,7 +32,14 @@ impl Host for Env<'_> {
         call: &Call,
         timeout_ms: u64,
     ) -> Option<u32> {
-        host::dispatch(cluster, headers, call.body.as_deref(), timeout_ms).ok()
+        abi::dispatch_for(
+            self.stream,
+            self.root,
+            cluster,
+            headers,
+            call.body.as_deref(),
+            timeout_ms,
+        )
     }
 
     fn count(&mut self, counter: Counter) {
@@ -38,22 +47,58 @@ impl Host for Env<'_> {
     }
 }
 
+/// A tokenizer answer as read from the host.
+#[derive(Default)]
+pub struct CallReply {
+    status: Option<u16>,
+    size: usize,
+    body: Vec<u8>,
+}
+
 pub struct Http {
     shared: Option<Rc<Shared>>,
+    id: u32,
+    root: u32,
     exchange: Exchange,
 }
 
+fn header(map: MapType, name: &str) -> Result<Option<String>, host::HostError> {
+    host::get_header(map, name).map(host::text)
+}
+
 impl Http {
-    pub fn new(shared: Option<Rc<Shared>>) -> Http {
+    pub fn new(shared: Option<Rc<Shared>>, id: u32, root: u32) -> Http {
         Http {
             shared,
+            id,
+            root,
             exchange: Exchange::new(),
         }
     }
 
+    pub fn pending_token(&self) -> Option<u32> {
+        self.exchange.pending_token()
+    }
+
+    /// Reads the answer of the call being delivered (status, body up to the limit).
+    pub fn read_reply(size: usize) -> CallReply {
+        let status = header(MapType::CallResponseHeaders, ":status")
+            .ok()
+            .flatten()
+            .and_then(|s| s.trim().parse::<u16>().ok());
+        let body = if size > MAX_REPLY_BYTES {
+            Vec::new()
+        } else {
+            host::get_buffer(BufferType::HttpCallResponseBody, 0, size)
+                .ok()
+                .flatten()
+                .unwrap_or_default()
+        };
+        CallReply { status, size, body }
+    }
+
     /// Applies a step; returns whether the request stays held.
-    fn apply(&mut self, shared: &Shared, step: Step) -> bool {
-        let mut env = Env { shared };
+    fn apply(&mut self, env: &mut Env, step: Step) -> bool {
         match step {
             Step::Wait => true,
             Step::Done(Outcome::Continue) => false,
@@ -61,7 +106,7 @@ impl Http {
                 let (end, head) = rewrite.head();
                 if let Err(e) = host::set_buffer(BufferType::HttpRequestBody, 0, end, &head) {
                     log::warn!("incontext: cannot replace the body (host status {})", e.0);
-                    self.exchange.on_apply_error(&mut env);
+                    self.exchange.on_apply_error(env);
                 }
                 false
             }
@@ -75,64 +120,70 @@ impl Http {
                     Ok(()) => true,
                     Err(e) => {
                         log::warn!("incontext: cannot send the rejection (host status {})", e.0);
-                        self.exchange.on_apply_error(&mut env);
+                        self.exchange.on_apply_error(env);
                         false
                     }
                 }
             }
         }
     }
-}
 
-fn header(map: MapType, name: &str) -> Result<Option<String>, host::HostError> {
-    host::get_header(map, name).map(host::text)
-}
-
-impl Context for Http {
-    fn on_http_call_response(
-        &mut self,
-        token: u32,
-        _headers: usize,
-        body_size: usize,
-        _trailers: usize,
-    ) {
+    pub fn on_call_response(&mut self, token: u32, reply: &CallReply) {
         let Some(shared) = self.shared.clone() else {
             return;
         };
-        let status = header(MapType::HttpCallResponseHeaders, ":status")
-            .ok()
-            .flatten()
-            .and_then(|s| s.trim().parse::<u16>().ok());
-        let body = if body_size > MAX_REPLY_BYTES {
-            Vec::new()
-        } else {
-            host::get_buffer(BufferType::HttpCallResponseBody, 0, body_size)
-                .ok()
-                .flatten()
-                .unwrap_or_default()
+        let mut env = Env {
+            shared: &shared,
+            stream: self.id,
+            root: self.root,
         };
-        let mut env = Env { shared: &shared };
-        let Some(step) =
-            self.exchange
-                .on_reply(&shared.plugin, &mut env, token, status, body_size, &body)
-        else {
+        let Some(step) = self.exchange.on_reply(
+            &shared.plugin,
+            &mut env,
+            token,
+            reply.status,
+            reply.size,
+            &reply.body,
+        ) else {
             return;
         };
-        if !self.apply(&shared, step) {
+        if !self.apply(&mut env, step) {
             if let Err(e) = host::resume_request() {
                 log::warn!("incontext: cannot resume the request (host status {})", e.0);
             }
         }
     }
-}
 
-impl HttpContext for Http {
-    fn on_http_request_headers(&mut self, _headers: usize, end_of_stream: bool) -> Action {
+    /// The answer to this stream's call arrived after the stream ended.
+    pub fn on_late_reply(&mut self, token: u32, reply: &CallReply) {
         let Some(shared) = self.shared.clone() else {
-            return Action::Continue;
+            return;
         };
-        let mut env = Env { shared: &shared };
-        let read = |name| header(MapType::HttpRequestHeaders, name);
+        let mut env = Env {
+            shared: &shared,
+            stream: self.id,
+            root: self.root,
+        };
+        self.exchange.on_late_reply(
+            &shared.plugin,
+            &mut env,
+            token,
+            reply.status,
+            reply.size,
+            &reply.body,
+        );
+    }
+
+    pub fn on_request_headers(&mut self, end_of_stream: bool) -> u32 {
+        let Some(shared) = self.shared.clone() else {
+            return CONTINUE;
+        };
+        let mut env = Env {
+            shared: &shared,
+            stream: self.id,
+            root: self.root,
+        };
+        let read = |name| header(MapType::RequestHeaders, name);
         let (Ok(method), Ok(path), Ok(encoding), Ok(length)) = (
             read(":method"),
             read(":path"),
@@ -141,7 +192,7 @@ impl HttpContext for Http {
         ) else {
             env.count(Counter::Requests);
             self.exchange.on_host_error(&mut env);
-            return Action::Continue;
+            return CONTINUE;
         };
         let head = Head {
             method: method.as_deref(),
@@ -151,31 +202,35 @@ impl HttpContext for Http {
             end_of_stream,
         };
         match self.exchange.on_headers(&shared.plugin, &mut env, &head) {
-            HeadStep::Continue => Action::Continue,
+            HeadStep::Continue => CONTINUE,
             HeadStep::Buffer => {
-                if let Err(e) = host::remove_header(MapType::HttpRequestHeaders, "content-length") {
+                if let Err(e) = host::remove_header(MapType::RequestHeaders, "content-length") {
                     log::warn!(
                         "incontext: cannot remove content-length (host status {})",
                         e.0
                     );
                     self.exchange.on_host_error(&mut env);
                 }
-                Action::Continue
+                CONTINUE
             }
         }
     }
 
-    fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+    pub fn on_request_body(&mut self, body_size: usize, end_of_stream: bool) -> u32 {
         let Some(shared) = self.shared.clone() else {
-            return Action::Continue;
+            return CONTINUE;
         };
-        let mut env = Env { shared: &shared };
+        let mut env = Env {
+            shared: &shared,
+            stream: self.id,
+            root: self.root,
+        };
         match self
             .exchange
             .on_body_chunk(&shared.plugin, &mut env, body_size, end_of_stream)
         {
-            BodyStep::Continue => return Action::Continue,
-            BodyStep::Buffer | BodyStep::Wait => return Action::Pause,
+            BodyStep::Continue => return CONTINUE,
+            BodyStep::Buffer | BodyStep::Wait => return PAUSE,
             BodyStep::Read => {}
         }
         let body = match host::get_buffer(BufferType::HttpRequestBody, 0, body_size) {
@@ -183,31 +238,35 @@ impl HttpContext for Http {
             Err(e) => {
                 log::warn!("incontext: cannot read the body (host status {})", e.0);
                 self.exchange.on_host_error(&mut env);
-                return Action::Continue;
+                return CONTINUE;
             }
         };
         let step = self.exchange.on_body(&shared.plugin, &mut env, body);
-        if self.apply(&shared, step) {
-            Action::Pause
+        if self.apply(&mut env, step) {
+            PAUSE
         } else {
-            Action::Continue
+            CONTINUE
         }
     }
 
-    fn on_http_request_trailers(&mut self, _trailers: usize) -> Action {
+    pub fn on_request_trailers(&mut self) -> u32 {
         if let Some(shared) = self.shared.clone() {
-            self.exchange.on_trailers(&mut Env { shared: &shared });
+            self.exchange.on_trailers(&mut Env {
+                shared: &shared,
+                stream: self.id,
+                root: self.root,
+            });
         }
-        Action::Continue
+        CONTINUE
     }
 
-    fn on_http_response_headers(&mut self, _headers: usize, _end_of_stream: bool) -> Action {
+    pub fn on_response_headers(&mut self) -> u32 {
         let Some(shared) = self.shared.as_ref() else {
-            return Action::Continue;
+            return CONTINUE;
         };
         for (name, value) in self.exchange.response_headers(&shared.plugin) {
-            let _ = host::add_header(MapType::HttpResponseHeaders, name, &value);
+            let _ = host::add_header(MapType::ResponseHeaders, name, &value);
         }
-        Action::Continue
+        CONTINUE
     }
 }

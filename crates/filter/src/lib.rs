@@ -1,20 +1,21 @@
-//! incontext's proxy-wasm glue: plugin start-up and the per-request callbacks, over `host`,
-//! which turns every host status into a `Result`. Every decision is the core's
-//! (`incontext_core::flow`); this crate only reads what the host has, hands it to the flow,
-//! and applies what the flow returns. Any host error leaves the request as it came.
+//! incontext's proxy-wasm glue: the ABI's exports (`abi`), the plugin's start-up (`Root`) and
+//! the per-request callbacks (`http`), over `host`, which turns every host status into a
+//! `Result`. Every decision is the core's (`incontext_core::flow`): this crate reads what the
+//! host has, hands it to the flow, and applies what the flow returns. Any host error leaves
+//! the request as it came.
 
 #![cfg(target_arch = "wasm32")]
 
+mod abi;
 mod host;
 mod http;
 mod logger;
 mod metrics;
 
+use host::BufferType;
 use incontext_core::config::Config;
 use incontext_core::flow::Plugin;
 use metrics::Metrics;
-use proxy_wasm::traits::{Context, HttpContext, RootContext};
-use proxy_wasm::types::{BufferType, ContextType};
 use std::rc::Rc;
 
 /// What every request of one plugin instance shares.
@@ -23,13 +24,17 @@ pub struct Shared {
     pub metrics: Metrics,
 }
 
-struct Root {
+/// A plugin (root) context: its configuration, once valid.
+#[derive(Default)]
+pub struct Root {
     shared: Option<Rc<Shared>>,
 }
 
-impl Context for Root {}
+impl Root {
+    fn shared(&self) -> Option<Rc<Shared>> {
+        self.shared.clone()
+    }
 
-impl RootContext for Root {
     fn on_configure(&mut self, size: usize) -> bool {
         logger::follow_host_level();
         let bytes = match host::get_buffer(BufferType::PluginConfiguration, 0, size) {
@@ -66,17 +71,17 @@ impl RootContext for Root {
             }
         }
     }
-
-    fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
-        Some(Box::new(http::Http::new(self.shared.clone())))
-    }
-
-    fn get_type(&self) -> Option<ContextType> {
-        Some(ContextType::HttpContext)
-    }
 }
 
-proxy_wasm::main! {{
+/// WASI reactor start-up: static constructors, then the logger. Host calls are not allowed
+/// here.
+#[no_mangle]
+pub extern "C" fn _initialize() {
+    extern "C" {
+        fn __wasm_call_ctors();
+    }
+    // SAFETY: the reactor's constructor entry point, called once by the host before anything
+    // else.
+    unsafe { __wasm_call_ctors() };
     logger::install();
-    proxy_wasm::set_root_context(|_| -> Box<dyn RootContext> { Box::new(Root { shared: None }) });
-}}
+}

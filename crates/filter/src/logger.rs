@@ -2,7 +2,7 @@
 //! decisions and error kinds only: never prompts, bodies, header values or tokenizer text.
 
 use super::host;
-use proxy_wasm::types::LogLevel;
+use super::host::LogLevel;
 
 struct HostLogger;
 

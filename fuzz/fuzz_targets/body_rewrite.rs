@@ -1,4 +1,4 @@
-//! Body scanner + rule + rewrite (SPEC §2–§5, §7).
+//! Body scanner + rule + rewrite (docs/spec.md §2–§5, §7).
 //!
 //! Input: a 6-byte header that picks the count, the config and the learned window, then the
 //! request body (see fuzz/README.md). Properties checked:
@@ -6,7 +6,7 @@
 //! * analyze (skimming messages and tools) + Request::validate agree with serde_json on what
 //!   is a JSON object, with the same members as a full scan;
 //! * the outcome (rewrite or not, and the value) matches a reference model of the rule built
-//!   from SPEC §2/§3, with the caller cap parsed by the reference lax parser;
+//!   from docs/spec.md §2/§3, with the caller cap parsed by the reference lax parser;
 //! * a rewritten body parses, is an object, has exactly one top-level cap field — the right
 //!   name, written plainly, an integer equal to `value` — every non-cap top-level member is
 //!   byte-identical (key, spacing and value) and in the same order, the text before the first
@@ -169,7 +169,7 @@ fn expect(req: &Request, body: &[u8], s: &Setup) -> Expect {
     }
 }
 
-/// SPEC §5 reference: the payload as a JSON value, built from the request as a JSON value.
+/// docs/spec.md §5 reference: the payload as a JSON value, built from the request as a JSON value.
 fn ref_payload(v: &Map<String, Value>, form: Form) -> Option<Value> {
     let mut out = Map::new();
     if let Some(m) = v.get("model") {
@@ -295,7 +295,7 @@ fn check_payload(req: &Request, body: &[u8]) {
     assert_eq!(
         got,
         want,
-        "payload differs from the SPEC §5 reference{}",
+        "payload differs from the docs/spec.md §5 reference{}",
         ctx()
     );
 }

@@ -1,4 +1,4 @@
-//! Caller caps (SPEC §3): `parse_cap` on arbitrary text never panics, returns only values > 0,
+//! Caller caps (docs/spec.md §3): `parse_cap` on arbitrary text never panics, returns only values > 0,
 //! and agrees with the reference model (fuzz_targets/common) on every input that is one valid
 //! JSON value. Metamorphic checks: surrounding JSON white space changes nothing; a plain
 //! integer gives the same value as a literal, as a string, as a padded string and with `.0`.

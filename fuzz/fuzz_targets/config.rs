@@ -1,4 +1,4 @@
-//! Plugin configuration (SPEC §8): `Config::parse` on arbitrary bytes never panics, and every
+//! Plugin configuration (docs/spec.md §8): `Config::parse` on arbitrary bytes never panics, and every
 //! accepted configuration satisfies the startup checks: R > 0, F ≥ 0, W ≤ C, F < W, R < W,
 //! F + R < W when W is known, timeout > 0, cache_entries and max_body_bytes > 0, a path that
 //! starts with `/`, a non-empty cluster, lowercase header names. Accepted input is valid JSON.

@@ -1,4 +1,4 @@
-//! Tokenizer reply contract (SPEC §5): `parse_reply` on any status and body never panics;
+//! Tokenizer reply contract (docs/spec.md §5): `parse_reply` on any status and body never panics;
 //! non-2xx statuses map to their failure kinds; `Ok` only for a 2xx JSON object whose `count`
 //! is a non-negative integer and `max_model_len` a positive integer equal to the configured C;
 //! valid JSON is never called `BadJson`; a reply meeting the contract is accepted.
@@ -51,7 +51,7 @@ fn check(data: &[u8]) {
             max_model_len,
         }) => {
             assert!(max_model_len > 0, "{}", ctx());
-            // Only a JSON object is a reply (SPEC §5); a derived struct alone would also take
+            // Only a JSON object is a reply (docs/spec.md §5); a derived struct alone would also take
             // a two-element array `[count, max_model_len]`.
             let first = body.iter().find(|b| !b" \t\r\n".contains(b));
             if first != Some(&b'{') {

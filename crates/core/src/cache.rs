@@ -1,4 +1,4 @@
-//! The cache's keys and value encoding (SPEC §6); the host layer stores them in shared data.
+//! The cache's keys and value encoding (docs/spec.md §6); the host layer stores them in shared data.
 //!
 //! Direct-mapped: a key's slot is `hash % entries`, so at most `entries` keys ever exist,
 //! however many distinct prompts arrive. A slot stores the full 128-bit hash, so a

@@ -1,4 +1,4 @@
-//! Caller caps (SPEC §3): mirrors vLLM's (pydantic's) lax integer parsing of
+//! Caller caps (docs/spec.md §3): mirrors vLLM's (pydantic's) lax integer parsing of
 //! `max_tokens`, `max_completion_tokens` and `max_output_tokens`.
 
 /// The three top-level cap fields, in tie-break order.

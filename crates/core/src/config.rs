@@ -1,4 +1,4 @@
-//! Plugin configuration (SPEC §8): parsing and validation, with errors that name the field.
+//! Plugin configuration (docs/spec.md §8): parsing and validation, with errors that name the field.
 
 use serde::Deserialize;
 use serde_json::Value;

@@ -1,4 +1,4 @@
-//! The rough prompt estimate used when the tokenizer fails (SPEC §7), after Hermes' rough
+//! The rough prompt estimate used when the tokenizer fails (docs/spec.md §7), after Hermes' rough
 //! estimator: all-ASCII text counts ceil(bytes / 4); otherwise each CJK, Hangul or Kana code
 //! point counts 1 and the remaining bytes ceil(n / 4). Applied to the concatenated raw JSON
 //! text of the given slices, exactly as they stand in the request body.

@@ -1,4 +1,4 @@
-//! The `/tokenize` payload (SPEC §5), written from the raw request slices without building a
+//! The `/tokenize` payload (docs/spec.md §5), written from the raw request slices without building a
 //! DOM: values are copied in compact form; only strings with escapes are decoded and written
 //! again (so the payload reads as Python's `json.dumps(..., ensure_ascii=False,
 //! separators=(",", ":"))` of the request would), and message / `chat_template_kwargs`

@@ -1,5 +1,5 @@
 //! From a count to a decision: resolves the window, applies the rule, and produces the
-//! rewritten body, the unchanged verdict, or the rejection (SPEC §2, §5, §7).
+//! rewritten body, the unchanged verdict, or the rejection (docs/spec.md §2, §5, §7).
 
 use super::config::{Config, OnInsufficient};
 use super::json::scan::scan;

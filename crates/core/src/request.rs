@@ -1,4 +1,4 @@
-//! Which requests are budgeted and how (SPEC §4): request shape, caller caps, model filter,
+//! Which requests are budgeted and how (docs/spec.md §4): request shape, caller caps, model filter,
 //! and how the prompt is counted. Works on the scanned top-level members; values stay raw.
 
 use super::caps::{parse_cap, CapField};
@@ -343,7 +343,7 @@ impl Request {
         raw_bytes(body, &self.members, idx)
     }
 
-    /// The rough estimate for this request (SPEC §7), at least 1.
+    /// The rough estimate for this request (docs/spec.md §7), at least 1.
     pub fn estimate(&self, body: &[u8]) -> Option<u64> {
         let n = match self.form {
             Form::Messages => {
@@ -374,7 +374,7 @@ impl Request {
         Some(n.max(1))
     }
 
-    /// Whether every message's content is text (T may then lower the count; SPEC §5).
+    /// Whether every message's content is text (T may then lower the count; docs/spec.md §5).
     pub fn text_only(&self, body: &[u8]) -> bool {
         if self.form == Form::Messages {
             return false;

@@ -1,4 +1,4 @@
-//! The body rewrite as a splice (SPEC §2): cap members are removed and exactly one integer
+//! The body rewrite as a splice (docs/spec.md §2): cap members are removed and exactly one integer
 //! cap is written; every byte of every other member, and the text around them, is kept.
 
 use crate::json::scan::Member;

@@ -1,4 +1,4 @@
-//! The budget rule (SPEC §2).
+//! The budget rule (docs/spec.md §2).
 
 /// Everything the rule needs for one request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,5 +1,5 @@
-//! The exact count (SPEC §5): the `/tokenize` payload built from the request, the response
-//! contract, and the cache key (SPEC §6).
+//! The exact count (docs/spec.md §5): the `/tokenize` payload built from the request, the response
+//! contract, and the cache key (docs/spec.md §6).
 
 pub use super::payload::payload;
 use super::request::Request;

@@ -1,10 +1,10 @@
-//! Reference models and helpers shared by the fuzz targets. They are written from SPEC.md,
+//! Reference models and helpers shared by the fuzz targets. They are written from docs/spec.md,
 //! independently of the code under test in src/.
 #![allow(dead_code)]
 
 use serde_json::Value;
 
-/// The three top-level cap fields, in tie-break order (SPEC §2).
+/// The three top-level cap fields, in tie-break order (docs/spec.md §2).
 pub const CAP_FIELDS: [&str; 3] = ["max_tokens", "max_completion_tokens", "max_output_tokens"];
 
 pub fn is_cap_field(key: &str) -> bool {
@@ -16,7 +16,7 @@ pub fn json_trim(s: &str) -> &str {
     s.trim_matches(|c| matches!(c, ' ' | '\t' | '\n' | '\r'))
 }
 
-/// Decimal digits to u64, saturating at u64::MAX (SPEC §3: huge values saturate).
+/// Decimal digits to u64, saturating at u64::MAX (docs/spec.md §3: huge values saturate).
 pub fn saturating_decimal(digits: &str) -> u64 {
     let mut v: u128 = 0;
     for b in digits.bytes() {
@@ -68,7 +68,7 @@ pub fn is_json_number(s: &str) -> bool {
     i == b.len()
 }
 
-/// SPEC §3 string form, as a small automaton: `[+-]?[0-9]+(_[0-9]+)*(\.0+)?`, then > 0.
+/// docs/spec.md §3 string form, as a small automaton: `[+-]?[0-9]+(_[0-9]+)*(\.0+)?`, then > 0.
 pub fn ref_lax_string(s: &str) -> Option<u64> {
     #[derive(Clone, Copy, PartialEq)]
     enum St {
@@ -109,7 +109,7 @@ pub fn ref_lax_string(s: &str) -> Option<u64> {
     Some(v)
 }
 
-/// The reference for a caller cap given the raw JSON text of a value (SPEC §3).
+/// The reference for a caller cap given the raw JSON text of a value (docs/spec.md §3).
 /// Only meaningful for text that is one valid JSON value.
 pub fn ref_cap(raw: &str) -> Option<u64> {
     let t = json_trim(raw);

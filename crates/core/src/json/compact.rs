@@ -1,4 +1,4 @@
-//! JSON values in compact form, as the `/tokenize` payload needs them (SPEC §5): no white
+//! JSON values in compact form, as the `/tokenize` payload needs them (docs/spec.md §5): no white
 //! space outside strings, and strings as Python's `json.dumps(ensure_ascii=False)` writes them.
 //!
 //! Most text has no `\u` or `\/` escape. It is compacted 64 bytes at a time from the block

@@ -4,7 +4,14 @@
 # chat request with an oversized max_tokens twice: straight to vLLM (rejected), and through
 # Envoy + incontext (served). Stops both at the end.
 #
-#   scripts/demo.sh
+#   scripts/demo.sh          the demo; stops vLLM and Envoy at the end
+#   scripts/demo.sh --keep   the same, then leaves vLLM and Envoy running to try your own
+#                            client; prints the URLs and where the Envoy config is
+#   scripts/demo.sh --down   stops what `--keep` left running
+#
+# The demo's window is 512 tokens (a tiny model on CPU), so its plugin configuration uses
+# min_output_tokens 64 and fallback_margin_tokens 32 instead of the shipped 4096 and 1024,
+# which need a window above 5120 tokens.
 #
 # Environment (optional):
 #   INCONTEXT_DEMO_VLLM_PORT    vLLM port        (default 8000, or a free one if taken)
@@ -17,6 +24,34 @@ set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
+KEEP=0
+case "${1:-}" in
+  "") ;;
+  --keep) KEEP=1 ;;
+  --down) DOWN=1 ;;
+  *) echo "usage: scripts/demo.sh [--keep | --down]" >&2; exit 2 ;;
+esac
+# What --keep leaves running: Envoy's pid, config and log, and whether the demo started vLLM.
+KEPT="$ROOT/.cache/demo"
+if [ "${DOWN:-0}" = 1 ]; then
+  if [ -f "$KEPT/envoy.pid" ] && kill -0 "$(cat "$KEPT/envoy.pid")" 2>/dev/null; then
+    echo "==> stopping Envoy (pid $(cat "$KEPT/envoy.pid"))"
+    kill "$(cat "$KEPT/envoy.pid")" 2>/dev/null || true
+  else
+    echo "==> no Envoy left running by scripts/demo.sh --keep"
+  fi
+  rm -f "$KEPT/envoy.pid"
+  if [ -f "$KEPT/stop-vllm" ]; then
+    echo "==> stopping vLLM"
+    scripts/vllm.sh stop || true
+    rm -f "$KEPT/stop-vllm"
+  fi
+  exit 0
+fi
+if [ "$KEEP" = 1 ] && [ -f "$KEPT/envoy.pid" ] && kill -0 "$(cat "$KEPT/envoy.pid")" 2>/dev/null; then
+  echo "an Envoy from scripts/demo.sh --keep is still running (pid $(cat "$KEPT/envoy.pid")): run scripts/demo.sh --down first" >&2
+  exit 1
+fi
 MAX_TOKENS="${INCONTEXT_DEMO_MAX_TOKENS:-32768}"
 MODEL="qwen3-tiny"
 
@@ -24,12 +59,21 @@ if [ -t 1 ]; then BOLD=$'\033[1m'; PLAIN=$'\033[0m'; else BOLD=""; PLAIN=""; fi
 step() { printf '\n%s==> %s%s\n' "$BOLD" "$*" "$PLAIN"; }
 note() { printf '    %s\n' "$*"; }
 
-WORK="$(mktemp -d "${TMPDIR:-/tmp}/incontext-demo.XXXXXX")"
+if [ "$KEEP" = 1 ]; then
+  WORK="$KEPT"
+  rm -rf "$WORK"
+  mkdir -p "$WORK"
+else
+  WORK="$(mktemp -d "${TMPDIR:-/tmp}/incontext-demo.XXXXXX")"
+fi
 ENVOY_PID=""
 STOP_VLLM=0
 cleanup() {
   local rc=$?
   trap - EXIT INT TERM
+  if [ "$KEEP" = 1 ] && [ $rc -eq 0 ]; then
+    exit 0   # left running on purpose; scripts/demo.sh --down stops it
+  fi
   if [ -n "$ENVOY_PID" ] && kill -0 "$ENVOY_PID" 2>/dev/null; then
     step "stopping Envoy (pid $ENVOY_PID)"
     kill "$ENVOY_PID" 2>/dev/null || true
@@ -39,6 +83,7 @@ cleanup() {
     step "stopping vLLM"
     scripts/vllm.sh stop || true
   fi
+  rm -f "$KEPT/envoy.pid" "$KEPT/stop-vllm"
   if [ $rc -ne 0 ]; then
     echo "demo failed (exit $rc); Envoy log and config kept in $WORK" >&2
   else
@@ -51,8 +96,8 @@ trap 'exit 130' INT TERM
 
 # ------------------------------------------------------------------------------ 1. install
 if [ "${INCONTEXT_DEMO_SKIP_SETUP:-0}" != 1 ]; then
-  step "1/5 setup: Rust wasm target, Envoy and test tools in .venv/, the filter build (scripts/setup.sh)"
-  scripts/setup.sh
+  step "1/5 setup: Rust wasm target, Envoy in .venv/, the filter build (scripts/setup.sh --demo)"
+  scripts/setup.sh --demo
   step "1/5 setup: vLLM for CPU in .venv-vllm/ and a tiny Qwen3 model in .cache/ (scripts/setup-vllm.sh)"
   note "the first run downloads about 3.5 GB; later runs find everything in place"
   scripts/setup-vllm.sh
@@ -104,6 +149,10 @@ PYEOF
 "$ENVOY" -c "$WORK/envoy.yaml" --concurrency 1 -l warn --log-path "$WORK/envoy.log" \
   --disable-hot-restart >"$WORK/envoy.out" 2>&1 </dev/null &
 ENVOY_PID=$!
+if [ "$KEEP" = 1 ]; then
+  echo "$ENVOY_PID" >"$WORK/envoy.pid"
+  [ "$STOP_VLLM" = 1 ] && : >"$WORK/stop-vllm"
+fi
 for _ in $(seq 1 100); do
   if curl -sf --max-time 1 "http://127.0.0.1:$ADMIN_PORT/ready" 2>/dev/null | grep -q LIVE; then break; fi
   kill -0 "$ENVOY_PID" 2>/dev/null || { cat "$WORK/envoy.out" "$WORK/envoy.log" >&2; echo "Envoy exited" >&2; exit 1; }
@@ -167,3 +216,13 @@ curl -s "http://127.0.0.1:$ADMIN_PORT/stats?filter=incontext" \
   | grep -E 'incontext_(requests|rewritten|tokenizer_calls|cache_misses|estimates):' | sed 's/^/      /'
 
 step "done: without incontext vLLM refused the request; with it, the cap was rewritten to fit the window"
+if [ "$KEEP" = 1 ]; then
+  step "left running (--keep): try your own client"
+  note "Envoy + incontext: http://127.0.0.1:$ENVOY_PORT  (OpenAI base URL http://127.0.0.1:$ENVOY_PORT/v1, model $MODEL)"
+  note "vLLM directly:     $VLLM"
+  note "Envoy admin:       http://127.0.0.1:$ADMIN_PORT/stats?filter=incontext"
+  note "Envoy config:      $WORK/envoy.yaml (envoy/envoy.yaml with the ports, the wasm and the plugin configuration above)"
+  note "Envoy log:         $WORK/envoy.log"
+  note "for example:  curl -si http://127.0.0.1:$ENVOY_PORT/v1/chat/completions -H 'content-type: application/json' --data-binary @$BODY"
+  note "stop both:    scripts/demo.sh --down"
+fi

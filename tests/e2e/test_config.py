@@ -1,4 +1,4 @@
-"""SPEC §8: the plugin configuration. Envoy must refuse a bad one at startup, naming the field.
+"""docs/spec.md §8: the plugin configuration. Envoy must refuse a bad one at startup, naming the field.
 
 `envoy --mode validate` loads the wasm and runs the filter's on_configure, so a refused plugin
 configuration is a non-zero exit.

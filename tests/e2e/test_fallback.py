@@ -1,4 +1,4 @@
-"""SPEC §7: tokenizer failures fall back to the rough estimate plus F; fail-open; reject mode."""
+"""docs/spec.md §7: tokenizer failures fall back to the rough estimate plus F; fail-open; reject mode."""
 
 import json
 

@@ -244,7 +244,7 @@ def test_chunked_body_at_limit_is_budgeted(hp, upstream):
 @pytest.mark.parametrize("framing", ["content-length", "chunked"])
 def test_body_over_envoy_buffer_limit_is_413_from_envoy(hp, upstream, framing):
     """Beyond Envoy's own buffer limit (16 MiB in the shipped config) Envoy's buffer filter
-    answers 413 itself (SPEC §4); the filter had already let the request go (too_large)."""
+    answers 413 itself (docs/spec.md §4); the filter had already let the request go (too_large)."""
     body = b'{"model": "m", "messages": [], "pad": "' + b"z" * (ENVOY_BUFFER_LIMIT + 1024) + b'"}'
     content = body if framing == "content-length" else iter(
         [body[i:i + (1 << 20)] for i in range(0, len(body), 1 << 20)])
@@ -297,7 +297,7 @@ def test_nested_10000_in_another_member_is_kept_byte_identical(hp, upstream, dee
 @pytest.mark.parametrize("member,depth", [("tools", 10000), ("tools", 130),
                                           ("chat_template_kwargs", 130)])
 def test_deep_payload_member_is_not_left_out_of_the_count(hp, upstream, member, depth):
-    """`tools` and `chat_template_kwargs` are part of the tokenize payload (SPEC §5). When one
+    """`tools` and `chat_template_kwargs` are part of the tokenize payload (docs/spec.md §5). When one
     is too deep for the filter to re-serialise (serde_json stops at 128 levels; Python's json,
     and so vLLM, reads ~1000), the count must not silently leave it out: either the payload
     carries it, or the request is estimated (as for deep `messages`)."""
@@ -541,7 +541,7 @@ def h2_request_with_trailers(port: int, body: bytes, trailers) -> httpx.Response
 
 def test_http2_client_with_request_trailers_passes_unchanged(hp, henv, upstream):
     """Over HTTP/2 the trailers reach the filter before the body has ended: the request passes
-    unchanged (not_json, README "Decisions"), its body byte for byte."""
+    unchanged (not_json, docs/spec.md §4), its body byte for byte."""
     body = dumps(chat(max_tokens=100000))
     res = observe(hp, body, lambda: h2_request_with_trailers(henv.port, body, [("x-t", "1")]))
     assert_unchanged(res, "not_json", tokenize_calls=0)

@@ -1,5 +1,5 @@
 """Several hundred concurrent mixed requests (HTTP/1.1 and HTTP/2) through Envoy's two workers:
-every one delivered, every body intact or rewritten exactly as SPEC says."""
+every one delivered, every body intact or rewritten exactly as docs/spec.md says."""
 
 import asyncio
 import base64

@@ -1,4 +1,4 @@
-"""SPEC §9: what operators see: response headers, Envoy stats, and logs free of prompt text."""
+"""docs/spec.md §9: what operators see: response headers, Envoy stats, and logs free of prompt text."""
 
 import json
 import re
@@ -146,7 +146,7 @@ def test_prometheus(proxy, upstream):
     proxy.post(chat(max_tokens=100000))
     text = proxy.envoy.prometheus()
     # Envoy 1.40 prints wasmcustom counters without its `envoy_` / `wasmcustom_` prefixes
-    # (`incontext_requests`); the README's `envoy_wasmcustom_<name>` form is accepted too.
+    # (`incontext_requests`); the `envoy_wasmcustom_<name>` form other Envoy versions print is accepted too.
     for name in ("incontext_requests", "incontext_rewritten", "incontext_tokenizer_calls"):
         pat = rf"^(?:envoy_wasmcustom_)?{name}(?:{{[^}}]*}})? (\d+)"
         m = re.search(pat, text, re.M)

@@ -1,4 +1,4 @@
-"""SPEC §2 (the rule) and the byte-preserving rewrite, through a real Envoy."""
+"""docs/spec.md §2 (the rule) and the byte-preserving rewrite, through a real Envoy."""
 
 import json
 

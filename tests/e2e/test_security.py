@@ -243,7 +243,7 @@ def tls_tokenizer(tls_files):
 
 
 def tls_cluster(port: int, ca_file) -> dict:
-    """The README's TLS cluster for the tokenizer (vLLM), with the test's port and CA."""
+    """The TLS cluster for the tokenizer (vLLM) that docs/deployment.md shows, with the test's port and CA."""
     return {
         "name": "vllm-tls", "type": "STATIC", "connect_timeout": "2s",
         "load_assignment": {"cluster_name": "vllm-tls", "endpoints": [{"lb_endpoints": [

@@ -1,4 +1,4 @@
-"""SPEC §4: which requests are budgeted; everything else goes upstream byte-identical."""
+"""docs/spec.md §4: which requests are budgeted; everything else goes upstream byte-identical."""
 
 import gzip
 import json

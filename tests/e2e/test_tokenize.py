@@ -1,4 +1,4 @@
-"""SPEC §5: the exact count through vLLM's /tokenize: payload bytes, headers, contract."""
+"""docs/spec.md §5: the exact count through vLLM's /tokenize: payload bytes, headers, contract."""
 
 import json
 from collections import OrderedDict

@@ -1,7 +1,7 @@
-"""SPEC rules re-implemented in Python, so tests compute expected values themselves.
+"""The rules of docs/spec.md re-implemented in Python, so tests compute expected values themselves.
 
-Nothing here looks at what the filter did: the caps (SPEC §3), the rule (§2), the tokenize
-payload (§5) and the rough estimator (§7) are written from the SPEC text.
+Nothing here looks at what the filter did: the caps (docs/spec.md §3), the rule (§2), the tokenize
+payload (§5) and the rough estimator (§7) are written from the text of docs/spec.md.
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ _CJK = ((0x1100, 0x11FF), (0x2E80, 0x9FFF), (0xA960, 0xA97F), (0xAC00, 0xD7AF),
 
 
 def rough(raw: bytes) -> int:
-    """Hermes' rough estimate of one piece of JSON text, as SPEC §7 defines it."""
+    """Hermes' rough estimate of one piece of JSON text, as docs/spec.md §7 defines it."""
     if all(b < 0x80 for b in raw):
         return -(-len(raw) // 4)
     text = raw.decode("utf-8")
@@ -108,7 +108,7 @@ def estimates(body: bytes) -> set:
     """P for a chat body from the rough estimate: max(1, estimate over the raw text of
     `messages` and `tools` as they stand in the body).
 
-    SPEC §7 does not say whether `messages` and `tools` are estimated as one text or
+    docs/spec.md §7 does not say whether `messages` and `tools` are estimated as one text or
     separately and summed; both readings are returned (they are equal without tools).
     """
     members = top_level_members(body)

@@ -15,7 +15,7 @@ What it does:
   keys), completions, token-id prompts, and passthrough traffic (GET, not JSON, not an object,
   gzip, completion without a cap);
 * checks every answer: 200 from the echo upstream (``x-echo: 1``), and the body the upstream
-  got either byte-identical to what was sent or exactly the SPEC rewrite of it (same P as the
+  got either byte-identical to what was sent or exactly the docs/spec.md rewrite of it (same P as the
   ``x-incontext-prompt-tokens`` header: the scripted count for ``exact``/``cache``, the rough
   estimate for ``estimate``; every non-cap member byte-identical; exactly one cap member;
   Content-Length equal to the body);

@@ -1,7 +1,7 @@
 """Fail-open when vLLM is unreachable (runs last: it stops and restarts the session's vLLM).
 
 With vLLM gone the filter's /tokenize call fails, so it budgets from the rough estimate plus F
-(SPEC §7) and lets the request through; Envoy itself then answers 503 because the upstream is
+(docs/spec.md §7) and lets the request through; Envoy itself then answers 503 because the upstream is
 down. The filter must not be the one that breaks the request, Envoy must stay up, the failure
 must be counted, and once vLLM is back exact counting resumes (failures are never cached).
 """

@@ -63,7 +63,7 @@ def test_completion_endpoint_with_oversized_cap(vllm, exact):
 
 
 def test_window_exactly_r_left_rewrites_to_r(vllm, exact):
-    """SPEC §2 boundary, against the real tokenizer: C - P == R rewrites to R."""
+    """docs/spec.md §2 boundary, against the real tokenizer: C - P == R rewrites to R."""
     msgs, p = long_chat(vllm, C - R, "window-boundary")
     body = {"model": MODEL, "messages": msgs, "max_tokens": 100000, "temperature": 0}
     res = exact.post(body)

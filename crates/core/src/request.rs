@@ -645,3 +645,58 @@ mod tests {
         assert_eq!(analyze(body, &cfg()).unwrap_err(), Reason::NotJson);
     }
 }
+
+#[cfg(test)]
+mod messages {
+    use super::*;
+
+    fn an(body: &str) -> Result<Request, Reason> {
+        let c = Config::parse(br#"{"tokenizer":{"cluster":"v"}}"#).unwrap();
+        analyze_at(body.as_bytes(), &c, Endpoint::Messages)
+    }
+
+    #[test]
+    fn only_max_tokens_is_a_cap() {
+        let r = an(r#"{"messages":[],"max_completion_tokens":5,"max_tokens":"900"}"#).unwrap();
+        assert_eq!(r.form, Form::Messages);
+        assert_eq!(
+            r.cap.map(|c| (c.field, c.value)),
+            Some((CapField::MaxTokens, 900))
+        );
+        assert_eq!(r.cap_members, vec![2]);
+        assert_eq!(r.target(), (Some(2), "max_tokens"));
+        assert_eq!(
+            an(r#"{"messages":[],"max_completion_tokens":5}"#).unwrap_err(),
+            Reason::NoCap
+        );
+        assert_eq!(
+            an(r#"{"messages":[],"max_tokens":0}"#).unwrap_err(),
+            Reason::NoCap
+        );
+        assert_eq!(
+            an(r#"{"messages":"x","max_tokens":9}"#).unwrap_err(),
+            Reason::Shape
+        );
+        assert_eq!(
+            an(r#"{"prompt":"x","max_tokens":9}"#).unwrap_err(),
+            Reason::Shape
+        );
+        assert_eq!(
+            an(r#"{"messages":[],"max_tokens":9}"#).unwrap().counting,
+            Counting::Tokenize
+        );
+    }
+
+    #[test]
+    fn estimate_covers_system_messages_and_tools() {
+        let body = r#"{"system":"aaaa","messages":[{"role":"user","content":"bb"}],"tools":[{"name":"t"}],"max_tokens":9}"#;
+        let r = an(body).unwrap();
+        let all = crate::estimate::estimate(&[
+            r#"[{"role":"user","content":"bb"}]"#,
+            r#""aaaa""#,
+            r#"[{"name":"t"}]"#,
+        ]);
+        assert_eq!(r.estimate(body.as_bytes()), Some(all));
+        assert!(!r.text_only(body.as_bytes()));
+    }
+}

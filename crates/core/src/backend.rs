@@ -111,8 +111,8 @@ pub fn count_reports_window(config: &Config, form: Form) -> bool {
     config.tokenizer.backend == Backend::Vllm && form != Form::Messages
 }
 
-/// SGLang's `/tokenize` for a chat: it renders `messages` with `tools`, `reasoning_effort` and
-/// `chat_template_kwargs` itself.
+/// SGLang's `/tokenize` for a chat: it renders `messages` with `tools` (left out when
+/// `tool_choice` is `"none"`), `reasoning_effort` and `chat_template_kwargs` itself.
 fn sglang_chat(req: &Request, body: &[u8]) -> Option<Vec<u8>> {
     let f = &req.fields;
     let mut out = Vec::with_capacity(
@@ -125,6 +125,7 @@ fn sglang_chat(req: &Request, body: &[u8]) -> Option<Vec<u8>> {
         ("model", f.model),
         ("messages", f.messages),
         ("tools", f.tools),
+        ("tool_choice", f.tool_choice),
         ("reasoning_effort", f.reasoning_effort),
         ("chat_template_kwargs", f.chat_template_kwargs),
     ] {

@@ -1,0 +1,149 @@
+"""Envoy + incontext (`sglang` backend) in front of the real SGLang server.
+
+SGLang refuses a cap above its context length (`max_completion_tokens is too large`) and
+input + cap above it (`Requested token count exceeds ...`). Through the filter the same
+requests are served: the cap is rewritten to C - P, where P is SGLang's own count (equal to
+its `usage`) and C is the context length SGLang reports in `GET /v1/models` — not the
+`max_model_len` of its `/tokenize` reply, which is the tokenizer's limit.
+
+Here SGLang runs on CPU (scripts/sglang.sh) and generates slowly, so prompts are sized
+close to the window and each rewritten request generates C - P ≈ 70 tokens. With
+INCONTEXT_SGLANG_URL the same tests run against an SGLang running elsewhere (docs/backends.md).
+"""
+
+import json
+import uuid
+
+import pytest
+
+from sglang_stack import COUNT_LOG, R, fit
+
+TARGET_MARGIN = R + 4   # prompts sized to C - TARGET_MARGIN tokens
+SYSTEM = {"role": "system", "content": "You are a terse assistant. Answer in one line."}
+TOOLS = [
+    {"type": "function", "function": {
+        "name": "get_weather", "description": "Current weather for a city.",
+        "parameters": {"type": "object",
+                       "properties": {"city": {"type": "string", "description": "City name"},
+                                      "unit": {"type": "string", "enum": ["c", "f"]}},
+                       "required": ["city"]}}},
+    {"type": "function", "function": {
+        "name": "search_docs", "description": "Full-text search in the manual.",
+        "parameters": {"type": "object", "properties": {"query": {"type": "string"}},
+                       "required": ["query"]}}},
+]
+ANTHROPIC_TOOLS = [{"name": "get_weather", "description": "Current weather for a city.",
+                    "input_schema": TOOLS[0]["function"]["parameters"]}]
+
+
+@pytest.fixture(scope="module")
+def window(sglang):
+    """C and the tokenizer limit, as the server itself reports them (the test oracle)."""
+    c = sglang.window()
+    t = sglang.tokenizer_limit()
+    assert c != t, (f"SGLang reports the same limit in /v1/models and /tokenize ({c}); "
+                    "the test cannot tell which one the filter used")
+    return c, t
+
+
+@pytest.fixture
+def client(sglang, envoys):
+    return envoys.client(sglang, "real")
+
+
+def nonce() -> str:
+    return uuid.uuid4().hex[:8]
+
+
+def assert_rewritten(reply, window, prompt_tokens: int, shape: str):
+    c, tokenizer_limit = window
+    COUNT_LOG.append(("sglang", shape, reply.prompt_tokens_header, prompt_tokens))
+    assert reply.status == 200, reply.describe()
+    assert reply.action == "rewritten", reply.describe()
+    assert reply.source == "exact", reply.describe()
+    assert reply.prompt_tokens_header == prompt_tokens, reply.describe()
+    assert reply.max_tokens_header == c - prompt_tokens, reply.describe()
+    assert reply.max_tokens_header != tokenizer_limit - prompt_tokens, (
+        "the window came from /tokenize's max_model_len: " + reply.describe())
+
+
+def test_sglang_real_refuses_oversized_cap_without_the_filter(sglang, window):
+    c, _ = window
+    body = {"model": sglang.model, "messages": [SYSTEM, {"role": "user", "content": "Hi"}],
+            "max_tokens": 32768}
+    r = sglang.post("/v1/chat/completions", body)
+    assert r.status_code == 400, r.text[:300]
+    assert r.json()["object"] == "error"
+    body["max_tokens"] = c   # within the context length, but input + cap is not
+    r = sglang.post("/v1/chat/completions", body)
+    assert r.status_code == 400, r.text[:300]
+    assert "maximum context length" in r.json()["message"]
+
+
+def test_sglang_real_chat_window_from_models(sglang, client, window):
+    c, _ = window
+    n = nonce()
+
+    def build(filler):
+        return {"model": sglang.model, "max_tokens": 32768,
+                "messages": [SYSTEM, {"role": "user", "content": f"Summarise ({n}):{filler}"}]}
+
+    body = fit(sglang.count_chat, build, c - TARGET_MARGIN)
+    reply = client.post(body)
+    assert_rewritten(reply, window, reply.usage["prompt_tokens"] if reply.status == 200 else -1,
+                     "chat")
+    usage = reply.usage
+    assert usage["prompt_tokens"] + usage["completion_tokens"] <= c
+
+
+def test_sglang_real_chat_tools_and_tool_history(sglang, client, window):
+    c, _ = window
+    n = nonce()
+    call = {"role": "assistant", "content": "",
+            "tool_calls": [{"id": "call_1", "type": "function",
+                            "function": {"name": "get_weather",
+                                         "arguments": json.dumps({"city": "Köln", "unit": "c"})}}]}
+
+    def build(filler):
+        return {"model": sglang.model, "max_tokens": 32768, "tools": TOOLS,
+                "messages": [SYSTEM, {"role": "user", "content": f"Weather in Köln? ({n})"},
+                             call,
+                             {"role": "tool", "tool_call_id": "call_1",
+                              "content": json.dumps({"temp": 21, "sky": "clear"})},
+                             {"role": "user", "content": f"And tomorrow?{filler}"}]}
+
+    body = fit(sglang.count_chat, build, c - TARGET_MARGIN)
+    reply = client.post(body)
+    assert_rewritten(reply, window, reply.usage["prompt_tokens"] if reply.status == 200 else -1,
+                     "chat tools + tool history")
+
+
+def test_sglang_real_completions_string_prompt(sglang, client, window):
+    c, _ = window
+    n = nonce()
+
+    def build(filler):
+        return {"model": sglang.model, "max_tokens": 32768,
+                "prompt": f"Continue the list ({n}):{filler}"}
+
+    body = fit(lambda b: sglang.count_prompt(b["prompt"]), build, c - TARGET_MARGIN)
+    reply = client.post(body, path="/v1/completions")
+    assert_rewritten(reply, window, reply.usage["prompt_tokens"] if reply.status == 200 else -1,
+                     "completions string prompt")
+
+
+def test_sglang_real_messages_counted_by_count_tokens(sglang, client, window):
+    c, _ = window
+    n = nonce()
+
+    def build(filler):
+        return {"model": sglang.model, "max_tokens": 32000, "system": "Be terse.",
+                "tools": ANTHROPIC_TOOLS,
+                "messages": [{"role": "user",
+                              "content": [{"type": "text",
+                                           "text": f"Weather in Köln? ({n}){filler}"}]}]}
+
+    body = fit(sglang.count_anthropic, build, c - TARGET_MARGIN)
+    reply = client.post(body, path="/v1/messages")
+    prompt = reply.json()["usage"]["input_tokens"] if reply.status == 200 else -1
+    assert_rewritten(reply, window, prompt, "anthropic messages")

@@ -3,9 +3,9 @@
 #
 #   scripts/setup-sglang.sh
 #
-# Needs scripts/setup-vllm.sh first: the SGLang virtualenv reuses the vLLM virtualenv's
-# packages (torch, transformers, fastapi ...) through a .pth file and adds SGLang itself and
-# the modules in scripts/sglang-requirements.txt (≈60 MB download, under a minute). SGLang's
+# Runs scripts/setup-vllm.sh first (idempotent): the SGLang virtualenv reuses the vLLM
+# virtualenv's packages (torch, transformers, fastapi ...) through a .pth file and adds SGLang
+# itself and the modules in scripts/sglang-requirements.txt (≈60 MB download). SGLang's
 # kernel package is CUDA-only on PyPI; scripts/sglang-cpu/sgl_kernel stands in for it
 # (names only, every call fails; docs/backends.md explains why the CPU path needs none).
 # Idempotent: skipped when its stamp is current.
@@ -24,6 +24,9 @@ say() { printf 'setup-sglang: %s\n' "$*"; }
 die() { printf 'setup-sglang: error: %s\n' "$*" >&2; exit 1; }
 
 mkdir -p "$CACHE"
+# The vLLM virtualenv and the tiny model first (quick when done).
+bash "$REPO/scripts/setup-vllm.sh" || die "scripts/setup-vllm.sh failed"
+
 exec 9>"$CACHE/setup-sglang.lock"
 flock 9
 

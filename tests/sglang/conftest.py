@@ -9,16 +9,13 @@
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from sglang_stack import (COUNT_LOG, Client, FakeSglang, Sglang, StackError,  # noqa: E402
-                          plugin_config, start_envoy)
+from tests.sglang.stack import (COUNT_LOG, Client, FakeSglang, Sglang, StackError,
+                                plugin_config, start_envoy)
 
 HERE = Path(__file__).resolve().parent
 _TIMINGS = {}

@@ -16,7 +16,7 @@ import uuid
 
 import pytest
 
-from sglang_stack import COUNT_LOG, R, fit
+from tests.sglang.stack import COUNT_LOG, R, fit
 
 TARGET_MARGIN = R + 4   # prompts sized to C - TARGET_MARGIN tokens
 SYSTEM = {"role": "system", "content": "You are a terse assistant. Answer in one line."}
@@ -80,42 +80,65 @@ def test_sglang_real_refuses_oversized_cap_without_the_filter(sglang, window):
     assert "maximum context length" in r.json()["message"]
 
 
-def test_sglang_real_chat_window_from_models(sglang, client, window):
+TOOL_CALL = {"role": "assistant", "content": "",
+             "tool_calls": [{"id": "call_1", "type": "function",
+                             "function": {"name": "get_weather",
+                                          "arguments": json.dumps({"city": "Köln", "unit": "c"})}}]}
+
+
+def chat_plain(n, filler):
+    return {"messages": [SYSTEM, {"role": "user", "content": f"Summarise ({n}):{filler}"}]}
+
+
+def chat_tools(n, filler):
+    return {"tools": TOOLS,
+            "messages": [SYSTEM, {"role": "user", "content": f"Weather in Köln? ({n})"},
+                         TOOL_CALL,
+                         {"role": "tool", "tool_call_id": "call_1",
+                          "content": json.dumps({"temp": 21, "sky": "clear"})},
+                         {"role": "user", "content": f"And tomorrow?{filler}"}]}
+
+
+def chat_template_kwargs(n, filler):
+    # Qwen3's template closes an empty think block when enable_thinking is false.
+    return {"reasoning_effort": "low", "chat_template_kwargs": {"enable_thinking": False},
+            "messages": [{"role": "user", "content": f"Quick answer ({n}):{filler}"}]}
+
+
+def chat_tool_choice_none(n, filler):
+    # SGLang leaves the tools out of the prompt when tool_choice is "none" (its /tokenize
+    # does the same when it is given the tool_choice).
+    return {"tools": TOOLS, "tool_choice": "none",
+            "messages": [SYSTEM, {"role": "user", "content": f"No tools ({n}):{filler}"}]}
+
+
+# shape -> (body builder, Envoy name, plugin configuration changes)
+CHAT_SHAPES = {
+    "plain": (chat_plain, "real", {}),
+    "tools + tool history": (chat_tools, "real", {}),
+    "reasoning_effort + chat_template_kwargs": (chat_template_kwargs, "real", {}),
+    "tool_choice none": (chat_tool_choice_none, "real", {}),
+}
+
+
+@pytest.mark.parametrize("shape", list(CHAT_SHAPES))
+def test_sglang_real_chat(shape, sglang, envoys, window):
+    """Chat with max_tokens 32768 (SGLang alone: 400): rewritten to C - P with SGLang's own
+    count, C from /v1/models."""
     c, _ = window
+    build_shape, envoy_name, changes = CHAT_SHAPES[shape]
+    client = envoys.client(sglang, envoy_name, **changes)
     n = nonce()
 
     def build(filler):
-        return {"model": sglang.model, "max_tokens": 32768,
-                "messages": [SYSTEM, {"role": "user", "content": f"Summarise ({n}):{filler}"}]}
+        return {"model": sglang.model, "max_tokens": 32768, **build_shape(n, filler)}
 
     body = fit(sglang.count_chat, build, c - TARGET_MARGIN)
     reply = client.post(body)
     assert_rewritten(reply, window, reply.usage["prompt_tokens"] if reply.status == 200 else -1,
-                     "chat")
+                     f"chat {shape}")
     usage = reply.usage
     assert usage["prompt_tokens"] + usage["completion_tokens"] <= c
-
-
-def test_sglang_real_chat_tools_and_tool_history(sglang, client, window):
-    c, _ = window
-    n = nonce()
-    call = {"role": "assistant", "content": "",
-            "tool_calls": [{"id": "call_1", "type": "function",
-                            "function": {"name": "get_weather",
-                                         "arguments": json.dumps({"city": "Köln", "unit": "c"})}}]}
-
-    def build(filler):
-        return {"model": sglang.model, "max_tokens": 32768, "tools": TOOLS,
-                "messages": [SYSTEM, {"role": "user", "content": f"Weather in Köln? ({n})"},
-                             call,
-                             {"role": "tool", "tool_call_id": "call_1",
-                              "content": json.dumps({"temp": 21, "sky": "clear"})},
-                             {"role": "user", "content": f"And tomorrow?{filler}"}]}
-
-    body = fit(sglang.count_chat, build, c - TARGET_MARGIN)
-    reply = client.post(body)
-    assert_rewritten(reply, window, reply.usage["prompt_tokens"] if reply.status == 200 else -1,
-                     "chat tools + tool history")
 
 
 def test_sglang_real_completions_string_prompt(sglang, client, window):

@@ -12,7 +12,7 @@ import uuid
 
 import pytest
 
-from sglang_stack import COUNT_LOG, F, MODEL
+from tests.sglang.stack import COUNT_LOG, F, MODEL
 
 SYSTEM = {"role": "system", "content": "You are a terse assistant."}
 TOOLS = [{"type": "function", "function": {

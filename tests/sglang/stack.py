@@ -5,7 +5,7 @@
   running elsewhere when INCONTEXT_SGLANG_URL is set (e.g. on a GPU machine).
 * ``FakeSglang``: tests/sglang/fake_sglang.py, the fault-injection stub (real tokenizer; run
   with the vLLM virtualenv's python).
-* Envoy is rendered from envoy/envoy.yaml by tests/e2e/e2e_envoy.py, the `vllm` cluster
+* Envoy is rendered from envoy/envoy.yaml by tests/harness/envoy.py, the `vllm` cluster
   pointed at the server under test, with the `sglang` backend's plugin configuration.
 """
 
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import List, Optional
@@ -21,13 +20,11 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from tests.harness.envoy import WASM, Envoy, envoy_binary, free_port  # noqa: F401
+from tests.vllm.stack import Client, Reply  # noqa: F401
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-sys.path.insert(0, str(ROOT / "tests" / "e2e"))
-sys.path.insert(0, str(ROOT / "tests" / "vllm"))
-
-from e2e_envoy import WASM, Envoy, envoy_binary, free_port  # noqa: E402,F401
-from vllm_stack import Client, Reply  # noqa: E402,F401
 
 SGLANG_SH = ROOT / "scripts" / "sglang.sh"
 FAKE = HERE / "fake_sglang.py"

@@ -19,6 +19,12 @@ import pytest
 from tests.sglang.stack import COUNT_LOG, R, fit
 
 TARGET_MARGIN = R + 4   # prompts sized to C - TARGET_MARGIN tokens
+
+
+def big_cap(c: int, usual: int = 32768) -> int:
+    """A cap above the window: 32768 here (C = 512); twice C on a server with a larger one."""
+    return max(usual, 2 * c)
+
 SYSTEM = {"role": "system", "content": "You are a terse assistant. Answer in one line."}
 TOOLS = [
     {"type": "function", "function": {
@@ -70,7 +76,7 @@ def assert_rewritten(reply, window, prompt_tokens: int, shape: str):
 def test_sglang_real_refuses_oversized_cap_without_the_filter(sglang, window):
     c, _ = window
     body = {"model": sglang.model, "messages": [SYSTEM, {"role": "user", "content": "Hi"}],
-            "max_tokens": 32768}
+            "max_tokens": big_cap(c)}
     r = sglang.post("/v1/chat/completions", body)
     assert r.status_code == 400, r.text[:300]
     assert r.json()["object"] == "error"
@@ -123,7 +129,7 @@ CHAT_SHAPES = {
 
 @pytest.mark.parametrize("shape", list(CHAT_SHAPES))
 def test_sglang_real_chat(shape, sglang, envoys, window):
-    """Chat with max_tokens 32768 (SGLang alone: 400): rewritten to C - P with SGLang's own
+    """Chat with max_tokens 32768 (SGLang alone: 400) is rewritten to C - P with SGLang's own
     count, C from /v1/models."""
     c, _ = window
     build_shape, envoy_name, changes = CHAT_SHAPES[shape]
@@ -131,7 +137,7 @@ def test_sglang_real_chat(shape, sglang, envoys, window):
     n = nonce()
 
     def build(filler):
-        return {"model": sglang.model, "max_tokens": 32768, **build_shape(n, filler)}
+        return {"model": sglang.model, "max_tokens": big_cap(c), **build_shape(n, filler)}
 
     body = fit(sglang.count_chat, build, c - TARGET_MARGIN)
     reply = client.post(body)
@@ -146,7 +152,7 @@ def test_sglang_real_completions_string_prompt(sglang, client, window):
     n = nonce()
 
     def build(filler):
-        return {"model": sglang.model, "max_tokens": 32768,
+        return {"model": sglang.model, "max_tokens": big_cap(c),
                 "prompt": f"Continue the list ({n}):{filler}"}
 
     body = fit(lambda b: sglang.count_prompt(b["prompt"]), build, c - TARGET_MARGIN)
@@ -160,7 +166,7 @@ def test_sglang_real_messages_counted_by_count_tokens(sglang, client, window):
     n = nonce()
 
     def build(filler):
-        return {"model": sglang.model, "max_tokens": 32000, "system": "Be terse.",
+        return {"model": sglang.model, "max_tokens": big_cap(c, 32000), "system": "Be terse.",
                 "tools": ANTHROPIC_TOOLS,
                 "messages": [{"role": "user",
                               "content": [{"type": "text",

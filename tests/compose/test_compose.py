@@ -8,6 +8,11 @@
 * The Envoy service mounts the very envoy/envoy.yaml the other suites load, and the built wasm
   at the path that file names; the `vllm` cluster address of envoy/envoy.yaml resolves to the
   vLLM service of every profile; images are pinned to the versions the tests run.
+* The SGLang and llama.cpp profiles: each runs exactly one Envoy, mounting its backend's
+  Envoy config (envoy/envoy-sglang.yaml, envoy/envoy-llamacpp.yaml), whose cluster address
+  resolves to that profile's model server. Those configs differ from envoy/envoy.yaml only in
+  the cluster and the tokenizer settings, and every shipped Envoy config passes
+  `envoy --mode validate` with the built wasm (which runs the filter's configuration checks).
 * The Envoy service's own command line and health check run against the real Envoy binary, in
   a private network namespace (compose_netns.py), with a fake vLLM answering as `vllm:8000`.
 """
@@ -93,7 +98,8 @@ def doc() -> dict:
 
 
 def test_compose_file_is_valid(doc):
-    assert set(doc["services"]) >= {"envoy", "vllm", "vllm-cpu"}
+    assert set(doc["services"]) >= {"envoy", "vllm", "vllm-cpu", "envoy-sglang", "sglang",
+                                    "envoy-llamacpp", "llamacpp"}
 
 
 def _set(path, value):
@@ -135,6 +141,12 @@ BROKEN = {
     "undefined named volume": _pop(["volumes"]),
     "alias on an undefined network": _set(
         ["services", "vllm-cpu", "networks"], {"backend": {"aliases": ["vllm"]}}),
+    "undefined llama.cpp models volume": _pop(["volumes", "llamacpp-models"]),
+    "Envoy of the SGLang profile depends on an undefined service": _set(
+        ["services", "envoy-sglang", "depends_on"], {"sglang-gpu": {"condition": "service_healthy"}}),
+    "profiles not a list": _set(["services", "llamacpp", "profiles"], {"llamacpp": True}),
+    "healthcheck retries not a number": _set(
+        ["services", "sglang", "healthcheck", "retries"], "five"),
 }
 
 
@@ -190,10 +202,10 @@ def bind_mounts(svc):
     return out
 
 
-def envoy_cluster_address():
-    cfg = load_shipped()
-    vllm = next(c for c in cfg["static_resources"]["clusters"] if c["name"] == "vllm")
-    sa = vllm["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"][
+def envoy_cluster_address(cfg=None, cluster="vllm"):
+    cfg = cfg or load_shipped()
+    c = next(c for c in cfg["static_resources"]["clusters"] if c["name"] == cluster)
+    sa = c["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"][
         "socket_address"]
     return sa["address"], int(sa["port_value"])
 
@@ -268,8 +280,10 @@ def test_ports_listener_public_admin_loopback_only(doc):
     assert f"{listen}:{listen}" in ports, ports
     admin_ports = [p for p in ports if p.endswith(f":{admin}")]
     assert admin_ports == [f"127.0.0.1:{admin}:{admin}"], ports
-    for name in ("vllm", "vllm-cpu"):   # vLLM is reached through Envoy only
+    for name in ("vllm", "vllm-cpu", "sglang", "llamacpp"):   # reached through Envoy only
         assert not doc["services"][name].get("ports"), name
+    for name in ("envoy-sglang", "envoy-llamacpp"):
+        assert doc["services"][name]["ports"] == doc["services"]["envoy"]["ports"], name
 
 
 def test_images_pinned_to_the_tested_versions(doc):
@@ -281,6 +295,12 @@ def test_images_pinned_to_the_tested_versions(doc):
     assert s["envoy"]["image"] == f"envoyproxy/envoy:v{envoy_version}"
     assert s["vllm"]["image"] == f"vllm/vllm-openai:v{vllm_version}"
     assert s["vllm-cpu"]["image"] == f"vllm/vllm-openai-cpu:v{vllm_version}-x86_64"
+    for name in ("envoy-sglang", "envoy-llamacpp"):
+        assert s[name]["image"] == s["envoy"]["image"], name
+    sreqs = (ROOT / "scripts" / "sglang-requirements.txt").read_text()
+    sglang_version = re.search(r"^sglang==(\S+)$", sreqs, re.M).group(1)
+    assert s["sglang"]["image"] == f"lmsysorg/sglang:v{sglang_version}"
+    assert re.fullmatch(r"ghcr\.io/ggml-org/llama\.cpp:server(-b\d+)?", s["llamacpp"]["image"])
     for svc in s.values():
         assert "latest" not in svc["image"], svc["image"]
 
@@ -291,6 +311,117 @@ def test_model_is_a_variable_with_a_default(doc):
         assert re.fullmatch(r"\$\{VLLM_MODEL:-[\w.-]+/[\w.-]+\}", first), first
         vols = doc["services"][name]["volumes"]
         assert "huggingface:/root/.cache/huggingface" in vols, vols
+    cmd = [str(c) for c in doc["services"]["sglang"]["command"]]
+    model = cmd[cmd.index("--model-path") + 1]
+    assert re.fullmatch(r"\$\{SGLANG_MODEL:-[\w.-]+/[\w.-]+\}", model), model
+    assert "huggingface:/root/.cache/huggingface" in doc["services"]["sglang"]["volumes"]
+    cmd = [str(c) for c in doc["services"]["llamacpp"]["command"]]
+    model = cmd[cmd.index("-hf") + 1]
+    assert re.fullmatch(r"\$\{LLAMACPP_HF_REPO:-[\w.-]+/[\w.-]+(:\w+)?\}", model), model
+
+
+# --- one Envoy per profile, each with its backend's config ---------------------------------
+# profile -> (Envoy service, shipped Envoy config, backend, model server service)
+PROFILES = {
+    "gpu": ("envoy", "envoy.yaml", "vllm", "vllm"),
+    "cpu": ("envoy", "envoy.yaml", "vllm", "vllm-cpu"),
+    "sglang": ("envoy-sglang", "envoy-sglang.yaml", "sglang", "sglang"),
+    "llamacpp": ("envoy-llamacpp", "envoy-llamacpp.yaml", "llamacpp", "llamacpp"),
+}
+# The argument that sets the model server's port, per service.
+PORT_ARG = {"vllm": "--port", "vllm-cpu": "--port", "sglang": "--port", "llamacpp": "--port"}
+
+
+def load_config(name: str) -> dict:
+    return yaml.safe_load((ROOT / "envoy" / name).read_text(encoding="utf-8"))
+
+
+def plugin_config_of(cfg: dict) -> dict:
+    return json.loads(wasm_filter(cfg)["typed_config"]["config"]["configuration"]["value"])
+
+
+@pytest.mark.parametrize("profile", list(PROFILES))
+def test_each_profile_runs_one_envoy_wired_to_its_server(doc, profile):
+    envoy_name, config_name, backend, server_name = PROFILES[profile]
+    active = active_services(doc, [profile])
+    envoys = [n for n, s in active.items() if s["image"].startswith("envoyproxy/envoy:")]
+    assert envoys == [envoy_name], envoys
+    assert server_name in active
+    envoy = active[envoy_name]
+    m = bind_mounts(envoy)[envoy_config_arg(envoy)]
+    assert (ROOT / m["source"]).resolve() == (ROOT / "envoy" / config_name).resolve(), m
+    assert m["read_only"], m
+    cfg = load_config(config_name)
+    pc = plugin_config_of(cfg)
+    assert pc["tokenizer"]["backend"] == backend, pc
+    cluster = pc["tokenizer"]["cluster"]
+    routes = [r["route"]["cluster"] for vh in
+              cfg["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+              ["typed_config"]["route_config"]["virtual_hosts"] for r in vh["routes"]]
+    assert routes == [cluster], routes      # requests and count calls go to the same server
+    host, port = envoy_cluster_address(cfg, cluster)
+    assert pc["tokenizer"]["authority"] == f"{host}:{port}", pc
+    answering = [n for n, s in active.items() if host in names_of(n, s)]
+    assert answering == [server_name], answering
+    svc = active[server_name]
+    cmd = [str(c) for c in svc["command"]]
+    assert cmd[cmd.index(PORT_ARG[server_name]) + 1] == str(port), cmd
+    assert cmd[cmd.index("--host") + 1] == "0.0.0.0", cmd
+    assert str(port) in [str(p) for p in svc.get("expose", [])], svc.get("expose")
+    assert any(f":{port}/health" in part for part in svc["healthcheck"]["test"]), svc["healthcheck"]
+    assert envoy["depends_on"][server_name]["condition"] == "service_healthy"
+    wasm = wasm_filter(cfg)["typed_config"]["config"]["vm_config"]["code"]["local"]["filename"]
+    wm = bind_mounts(envoy)[wasm]
+    assert (ROOT / wm["source"]).resolve() == BUILT_WASM.resolve(), wm
+
+
+def _normalised(cfg: dict) -> dict:
+    """The config with the parts a backend changes taken out: the cluster's name and address,
+    the route's and virtual host's cluster name, and the tokenizer settings."""
+    cfg = copy.deepcopy(cfg)
+    pc = plugin_config_of(cfg)
+    cluster = pc.pop("tokenizer")["cluster"]
+    wasm_filter(cfg)["typed_config"]["config"]["configuration"]["value"] = pc
+    hcm = cfg["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    for vh in hcm["route_config"]["virtual_hosts"]:
+        vh["name"] = "X"
+        for r in vh["routes"]:
+            assert r["route"]["cluster"] == cluster
+            r["route"]["cluster"] = "X"
+    for c in cfg["static_resources"]["clusters"]:
+        if c["name"] == cluster:
+            c["name"] = c["load_assignment"]["cluster_name"] = "X"
+            c["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"] = "X"
+    return cfg
+
+
+@pytest.mark.parametrize("config_name", ["envoy-sglang.yaml", "envoy-llamacpp.yaml"])
+def test_backend_configs_differ_from_envoy_yaml_only_in_the_backend(config_name):
+    assert _normalised(load_config(config_name)) == _normalised(load_shipped())
+    pc = plugin_config_of(load_config(config_name))["tokenizer"]
+    assert "path" not in pc, "the backend defines its own count paths"
+
+
+@pytest.mark.parametrize("config_name", ["envoy.yaml", "envoy-sglang.yaml", "envoy-llamacpp.yaml"])
+def test_envoy_config_passes_envoy_validate(config_name, tmp_path):
+    """`envoy --mode validate` on the shipped file, the wasm path pointed at the built wasm:
+    Envoy loads the filter, which checks the plugin configuration (backend included)."""
+    binary = envoy_binary()
+    if not binary:
+        pytest.fail("Envoy binary not found: run scripts/setup.sh", pytrace=False)
+    if not BUILT_WASM.is_file():
+        pytest.fail(f"{BUILT_WASM} is missing: run scripts/build-wasm.sh", pytrace=False)
+    text = (ROOT / "envoy" / config_name).read_text(encoding="utf-8")
+    wasm = wasm_filter(yaml.safe_load(text))["typed_config"]["config"]["vm_config"]["code"][
+        "local"]["filename"]
+    path = tmp_path / config_name
+    path.write_text(text.replace(wasm, str(BUILT_WASM)))
+    out = subprocess.run([binary, "--mode", "validate", "-c", str(path), "-l", "info",
+                          "--disable-hot-restart"],
+                         capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    text_out = out.stdout + out.stderr
+    assert out.returncode == 0 and "OK" in text_out, text_out[-3000:]
+    assert "invalid configuration" not in text_out, text_out[-3000:]
 
 
 # --- the Envoy service, run for real -------------------------------------------------------

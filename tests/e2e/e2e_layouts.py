@@ -1,0 +1,329 @@
+"""Envoy bootstraps that run the HTTP filter chain each shipped layout produces.
+
+Every layout is one listener in front of one cluster (the recording upstream), with the HTTP
+filters in the order the gateway builds them and the plugin configuration taken from the
+shipped manifest. Only what a test run needs is changed: addresses and ports, the wasm path,
+and the plugin configuration's ``on_insufficient`` (``reject``, so that a rejection can be
+observed). Filters the gateways add that upstream Envoy does not have (Istio's ``istio.alpn``
+and ``istio.stats``) are left out; neither holds nor buffers a request.
+
+Where each order comes from:
+
+* Istio (istio/istio, pilot/pkg/networking/core/listener_builder.go, buildHTTPConnectionManager,
+  read at 86c9f01, 2026-08-22). For a gateway or a sidecar the HTTP filters are, in order:
+  metadata exchange (sidecars only), the CUSTOM ext_authz filters, TrafficExtensions of phase
+  AUTHN, the authentication filters, phase AUTHZ, the authorization filters (RBAC), phase
+  STATS, then unspecified phase, then grpc_stats, istio.alpn, fault, cors, the telemetry
+  filters (istio.stats), the router. A WasmPlugin becomes a TrafficExtension with the same
+  phase (pilot/pkg/config/kube/extensions/translate.go) named
+  ``<name>~istio-translated-wasmplugin``; its filter is delivered by ECDS
+  (pilot/pkg/networking/core/extension/extensionfilter.go), HTTP filter name
+  ``extensions.istio.io/trafficextension/<ns>.<name>``, and its PluginConfig
+  (pilot/pkg/model/extensions.go) has name ``<ns>.<name>``, root_id = pluginName, the
+  pluginConfig serialised as a JSON string, runtime v8, failure_policy from failStrategy and
+  **no vm_id**. Without RequestAuthentication / AuthorizationPolicy the phases AUTHN, AUTHZ,
+  STATS and unspecified all give the same chain: nothing that holds a request sits between the
+  Wasm filter and the router. ECDS is reproduced with a file-based config source.
+* Envoy Gateway (envoyproxy/gateway, internal/xds/translator/httpfilters.go,
+  newOrderedHTTPFilter and sortHTTPFilters, read at d32f282, 2026-08-21): buffer (order 12)
+  sorts before wasm (200 + index), router last; ``EnvoyProxy.spec.filterOrder`` then moves
+  filters (``after``: behind the last filter of that type). wasm.go: one HCM filter
+  ``envoy.filters.http.wasm/envoyextensionpolicy/<ns>/<name>/wasm/<i>``, ``disabled: true``,
+  enabled on the route with an empty ``FilterConfig``; vm_id is that same
+  ``envoyextensionpolicy/<ns>/<name>/wasm/<i>``; ``failOpen`` becomes ``fail_open``.
+  request_buffer.go: ``envoy.filters.http.buffer`` disabled on the HCM, enabled on the route by
+  a ``BufferPerRoute`` with ``max_request_bytes`` = requestBuffer.limit.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import yaml
+
+from e2e_envoy import load_shipped, render
+
+ROOT = Path(__file__).resolve().parents[2]
+KUBE = ROOT / "deploy" / "kubernetes"
+
+WASM_TYPE = "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm"
+HCM_TYPE = ("type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3."
+            "HttpConnectionManager")
+
+
+def manifest_docs(rel: str) -> List[dict]:
+    return [d for d in yaml.safe_load_all((KUBE / rel).read_text()) if d]
+
+
+def manifest(rel: str, kind: str) -> dict:
+    found = [d for d in manifest_docs(rel) if d.get("kind") == kind]
+    assert len(found) == 1, f"{rel}: expected one {kind}, found {len(found)}"
+    return found[0]
+
+
+def quantity(q) -> int:
+    if isinstance(q, int):
+        return q
+    m = re.fullmatch(r"([0-9]+)([KMGTPE]i|[kMGTPE])?", str(q))
+    assert m, f"not a quantity: {q!r}"
+    mult = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30}
+    return int(m.group(1)) * mult[m.group(2) or ""]
+
+
+def _typed(type_name: str, **fields) -> dict:
+    return {"@type": f"type.googleapis.com/{type_name}", **fields}
+
+
+ROUTER = {"name": "envoy.filters.http.router",
+          "typed_config": _typed("envoy.extensions.filters.http.router.v3.Router")}
+
+
+def _listener(port: int, buffer_limit: int, http_filters: List[dict], route: dict,
+              stat_prefix: str) -> dict:
+    return {
+        "name": "gateway",
+        "address": {"socket_address": {"address": "127.0.0.1", "port_value": port}},
+        "per_connection_buffer_limit_bytes": buffer_limit,
+        "filter_chains": [{"filters": [{
+            "name": "envoy.filters.network.http_connection_manager",
+            "typed_config": {
+                "@type": HCM_TYPE,
+                "stat_prefix": stat_prefix,
+                "codec_type": "AUTO",
+                "route_config": {"name": "gateway", "virtual_hosts": [
+                    {"name": "llm", "domains": ["*"], "routes": [route]}]},
+                "http_filters": http_filters,
+            },
+        }]}],
+    }
+
+
+def _cluster(name: str, upstream) -> dict:
+    return {
+        "name": name,
+        "type": "STATIC",
+        "connect_timeout": "5s",
+        "load_assignment": {"cluster_name": name, "endpoints": [{"lb_endpoints": [{
+            "endpoint": {"address": {"socket_address": {
+                "address": upstream[0], "port_value": upstream[1]}}}}]}]},
+    }
+
+
+def _bootstrap(admin_port: int, listener: dict, cluster: dict, node=None) -> dict:
+    return {
+        **({"node": node} if node else {}),
+        "admin": {"address": {"socket_address": {"address": "127.0.0.1",
+                                                 "port_value": admin_port}}},
+        "static_resources": {"listeners": [listener], "clusters": [cluster]},
+    }
+
+
+# ------------------------------------------------------------------------------------------
+# Plain Envoy
+
+
+def plain(*, wasm_path: str, listen_port: int, admin_port: int, upstream, workdir: Path,
+          overrides: dict) -> dict:
+    """envoy/envoy.yaml as shipped (incontext, buffer, router)."""
+    shipped = load_shipped()
+    wf = next(f for f in shipped["static_resources"]["listeners"][0]["filter_chains"][0]
+              ["filters"][0]["typed_config"]["http_filters"]
+              if f["name"] == "envoy.filters.http.wasm")
+    pc = json.loads(wf["typed_config"]["config"]["configuration"]["value"])
+    pc.update(overrides)
+    return render(wasm_path=wasm_path, listen_port=listen_port, admin_port=admin_port,
+                  upstream=upstream, plugin_config=pc)
+
+
+# ------------------------------------------------------------------------------------------
+# Istio
+
+
+ISTIO_PHASES = {"AUTHN": 1, "AUTHZ": 2, "STATS": 3, None: 4}
+
+
+def istio_http_filters(wasm_filter: dict, phase: Optional[str], envoy_filters: List[dict]) -> \
+        List[dict]:
+    """buildHTTPConnectionManager's order for a gateway without authn/authz policies, the
+    Wasm filter at its phase, then each EnvoyFilter HTTP_FILTER patch applied."""
+    slots: Dict[object, List[dict]] = {p: [] for p in ISTIO_PHASES}
+    slots[phase].append(wasm_filter)
+    filters: List[dict] = []
+    # CUSTOM ext_authz: none; AUTHN slot; authn filters: none; AUTHZ slot; RBAC: none;
+    # STATS slot; unspecified slot.
+    for p in ("AUTHN", "AUTHZ", "STATS", None):
+        filters += slots[p]
+    filters.append({"name": "envoy.filters.http.grpc_stats", "typed_config": _typed(
+        "envoy.extensions.filters.http.grpc_stats.v3.FilterConfig", emit_filter_state=True,
+        stats_for_all_methods=False)})
+    # istio.alpn: Istio's own filter (not in upstream Envoy); sets ALPN for mTLS only.
+    filters.append({"name": "envoy.filters.http.fault",
+                    "typed_config": _typed("envoy.extensions.filters.http.fault.v3.HTTPFault")})
+    filters.append({"name": "envoy.filters.http.cors",
+                    "typed_config": _typed("envoy.extensions.filters.http.cors.v3.Cors")})
+    # istio.stats: Istio's own telemetry filter (not in upstream Envoy); observes only.
+    filters.append(copy.deepcopy(ROUTER))
+    for ef in envoy_filters:
+        filters = apply_envoy_filter(filters, ef)
+    return filters
+
+
+def apply_envoy_filter(filters: List[dict], envoy_filter: dict) -> List[dict]:
+    """The HTTP_FILTER patches of an EnvoyFilter (GATEWAY context, INSERT_BEFORE /
+    INSERT_AFTER a named sub-filter), as istiod applies them to the gateway's HCM."""
+    out = list(filters)
+    for cp in envoy_filter["spec"]["configPatches"]:
+        if cp["applyTo"] != "HTTP_FILTER":
+            continue
+        assert cp["match"]["context"] in ("GATEWAY", "ANY"), cp["match"]
+        sub = cp["match"]["listener"]["filterChain"]["filter"]["subFilter"]["name"]
+        idx = [i for i, f in enumerate(out) if f["name"] == sub]
+        assert idx, f"EnvoyFilter matches no HTTP filter named {sub!r}"
+        value = copy.deepcopy(cp["patch"]["value"])
+        op = cp["patch"]["operation"]
+        if op == "INSERT_BEFORE":
+            out.insert(idx[0], value)
+        elif op == "INSERT_AFTER":
+            out.insert(idx[0] + 1, value)
+        else:
+            raise AssertionError(f"operation {op} not modelled")
+    return out
+
+
+def istio(*, wasm_path: str, listen_port: int, admin_port: int, upstream, workdir: Path,
+          overrides: dict, phase: Optional[str] = "STATS",
+          envoy_filters: List[dict] = ()) -> dict:
+    wp = manifest("istio/wasmplugin.yaml", "WasmPlugin")
+    spec, meta = wp["spec"], wp["metadata"]
+    te_name = f"{meta['name']}~istio-translated-wasmplugin"
+    filter_name = f"extensions.istio.io/trafficextension/{meta['namespace']}.{te_name}"
+    pc = copy.deepcopy(spec["pluginConfig"])
+    pc.update(overrides)
+    failure = {"FAIL_OPEN": "FAIL_OPEN", "FAIL_CLOSE": "FAIL_CLOSED",
+               "FAIL_RELOAD": "FAIL_RELOAD"}[spec.get("failStrategy", "FAIL_CLOSE")]
+    wasm_config = {
+        "@type": WASM_TYPE,
+        "config": {
+            "name": f"{meta['namespace']}.{te_name}",
+            "root_id": spec.get("pluginName", ""),
+            "configuration": _typed("google.protobuf.StringValue", value=json.dumps(pc)),
+            "failure_policy": failure,
+            # istio-agent has fetched the image and rewritten the remote code to a local file.
+            "vm_config": {"runtime": "envoy.wasm.runtime.v8",
+                          "code": {"local": {"filename": wasm_path}}},
+        },
+    }
+    ecds = Path(workdir) / f"ecds-{listen_port}.yaml"
+    ecds.write_text(yaml.safe_dump({
+        "version_info": "1",
+        "resources": [_typed("envoy.config.core.v3.TypedExtensionConfig", name=filter_name,
+                             typed_config=wasm_config)],
+    }, sort_keys=False))
+    wasm_filter = {
+        "name": filter_name,
+        "config_discovery": {
+            "config_source": {"path_config_source": {"path": str(ecds)},
+                              "resource_api_version": "V3", "initial_fetch_timeout": "0s"},
+            "type_urls": [WASM_TYPE,
+                          "type.googleapis.com/envoy.extensions.filters.http.rbac.v3.RBAC"],
+        },
+    }
+    phase = spec.get("phase") if phase == "manifest" else phase
+    http_filters = istio_http_filters(wasm_filter, phase, list(envoy_filters))
+    cluster = pc["tokenizer"]["cluster"]   # outbound|8000||vllm.llm.svc.cluster.local
+    limit = next(cp["patch"]["value"]["per_connection_buffer_limit_bytes"]
+                 for cp in manifest("istio/buffer-limit.yaml", "EnvoyFilter")["spec"]
+                 ["configPatches"] if cp["applyTo"] == "LISTENER")
+    # The VirtualService route: Istio leaves the route timeout at 0 (none).
+    route = {"match": {"prefix": "/v1/"}, "route": {"cluster": cluster, "timeout": "0s"}}
+    # A file-based ECDS subscription wants a node id and cluster, as istio-agent gives them.
+    node = {"id": "router~127.0.0.1~istio-ingressgateway.istio-system~istio-system.svc.cluster.local",
+            "cluster": "istio-ingressgateway.istio-system"}
+    return _bootstrap(admin_port, _listener(listen_port, limit, http_filters, route, "istio"),
+                      _cluster(cluster, upstream), node)
+
+
+# ------------------------------------------------------------------------------------------
+# Envoy Gateway
+
+# newOrderedHTTPFilter's orders for the filter types that occur here.
+EG_ORDER = {"envoy.filters.http.buffer": 12, "envoy.filters.http.wasm": 200,
+            "envoy.filters.http.router": 310}
+
+
+def _eg_type(name: str) -> str:
+    return name.split("/", 1)[0]
+
+
+def eg_sort(filters: List[dict], filter_order: List[dict]) -> List[dict]:
+    """sortHTTPFilters: the default order (ties by name), then each filterOrder entry."""
+    out = sorted(filters, key=lambda f: (EG_ORDER.get(_eg_type(f["name"]), 50), f["name"]))
+    for pos in filter_order:
+        moving = [f for f in out if _eg_type(f["name"]) == pos["name"]]
+        if not moving:
+            continue
+        rest = [f for f in out if _eg_type(f["name"]) != pos["name"]]
+        if "before" in pos:
+            at = next((i for i, f in enumerate(rest) if _eg_type(f["name"]) == pos["before"]),
+                      None)
+        else:
+            hits = [i for i, f in enumerate(rest) if _eg_type(f["name"]) == pos["after"]]
+            at = hits[-1] + 1 if hits else None
+        if at is None:
+            continue
+        out = rest[:at] + moving + rest[at:]
+    return out
+
+
+def envoy_gateway(*, wasm_path: str, listen_port: int, admin_port: int, upstream,
+                  workdir: Path, overrides: dict, request_buffer: Optional[dict] = None,
+                  filter_order: List[dict] = ()) -> dict:
+    """``request_buffer``: a BackendTrafficPolicy ``spec.requestBuffer``; ``filter_order``:
+    an EnvoyProxy ``spec.filterOrder``."""
+    eep = manifest("envoy-gateway/extension-policy.yaml", "EnvoyExtensionPolicy")
+    meta = eep["metadata"]
+    w = eep["spec"]["wasm"][0]
+    ir_name = f"envoyextensionpolicy/{meta['namespace']}/{meta['name']}/wasm/0"
+    pc = copy.deepcopy(w["config"])
+    pc.update(overrides)
+    plugin = {
+        "name": w.get("name", ir_name),
+        "configuration": _typed("google.protobuf.StringValue", value=json.dumps(pc)),
+        "fail_open": bool(w.get("failOpen", False)),
+        "vm_config": {"vm_id": ir_name, "runtime": "envoy.wasm.runtime.v8",
+                      "code": {"local": {"filename": wasm_path}}},
+    }
+    if w.get("rootID"):
+        plugin["root_id"] = w["rootID"]
+    wasm_name = f"envoy.filters.http.wasm/{ir_name}"
+    filters = [{"name": wasm_name, "disabled": True,
+                "typed_config": {"@type": WASM_TYPE, "config": plugin}},
+               copy.deepcopy(ROUTER)]
+    per_route = {wasm_name: _typed("envoy.config.route.v3.FilterConfig", config={})}
+    if request_buffer is not None:
+        limit = quantity(request_buffer["limit"])
+        filters.append({"name": "envoy.filters.http.buffer", "disabled": True,
+                        "typed_config": _typed("envoy.extensions.filters.http.buffer.v3.Buffer",
+                                               max_request_bytes=limit)})
+        per_route["envoy.filters.http.buffer"] = _typed(
+            "envoy.extensions.filters.http.buffer.v3.BufferPerRoute",
+            buffer={"max_request_bytes": limit})
+    http_filters = eg_sort(filters, list(filter_order))
+    cluster = pc["tokenizer"]["cluster"]   # httproute/llm/vllm/rule/0
+    ctp = manifest("envoy-gateway/client-traffic-policy.yaml", "ClientTrafficPolicy")
+    limit = quantity(ctp["spec"]["connection"]["bufferLimit"])
+    rule = manifest("envoy-gateway/gateway.yaml", "HTTPRoute")["spec"]["rules"][0]
+    route = {"match": {"prefix": rule["matches"][0]["path"]["value"]},
+             "route": {"cluster": cluster, "timeout": rule["timeouts"]["request"]},
+             "typed_per_filter_config": per_route}
+    return _bootstrap(admin_port, _listener(listen_port, limit, http_filters, route, "eg"),
+                      _cluster(cluster, upstream))
+
+
+def filter_names(bootstrap: dict) -> List[str]:
+    hcm = bootstrap["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+    return [f["name"] for f in hcm["typed_config"]["http_filters"]]

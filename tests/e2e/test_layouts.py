@@ -1,0 +1,258 @@
+"""No request reaches the upstream before incontext has decided, in every shipped layout.
+
+Each layout is a real Envoy running the HTTP filter chain that layout produces (e2e_layouts.py
+says where each order comes from) in front of a recording upstream (e2e_recorder.py) that also
+answers the filter's /tokenize calls. For each layout:
+
+* a rejected request (``on_insufficient: reject``, a prompt that leaves no room) opens no
+  upstream request: no request headers reach the upstream;
+* a request whose count takes 2 s has no upstream request open meanwhile: its headers reach the
+  upstream only after the tokenizer answered;
+* an unchanged body (a completion request without a cap, which the filter can only tell from
+  the body) arrives with its original Content-Length, not chunked;
+* a rewritten body arrives with a Content-Length equal to its length, not chunked;
+* with an upstream that answers as soon as it has the headers, the tokenizer's answer is still
+  used and cached: a repeated request calls the tokenizer once.
+
+What the upstream saw is written, per layout and check, to the JSON file named by
+``INCONTEXT_LAYOUTS_REPORT`` (if set).
+
+Run: .venv/bin/python -m pytest tests/e2e/test_layouts.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+import e2e_layouts
+from e2e_common import nonce
+from e2e_envoy import WASM, Envoy
+from e2e_recorder import DEFAULT_MAX_MODEL_LEN, RecordingUpstream
+
+PATH = "/v1/chat/completions"
+MODEL = "test/model"
+# The plugin configuration is the manifest's, with rejection on so that it can be observed.
+OVERRIDES = {"on_insufficient": "reject"}
+SLOW = 2.0
+
+# EnvoyFilter that puts Envoy's buffer filter after the Wasm filter on an Istio gateway
+# (before the router: every Wasm phase sits before the router).
+ISTIO_BUFFER = yaml.safe_load("""
+apiVersion: networking.istio.io/v1alpha3
+kind: EnvoyFilter
+metadata: {name: incontext-buffer, namespace: istio-system}
+spec:
+  workloadSelector: {labels: {istio: ingressgateway}}
+  configPatches:
+  - applyTo: HTTP_FILTER
+    match:
+      context: GATEWAY
+      listener:
+        filterChain:
+          filter:
+            name: envoy.filters.network.http_connection_manager
+            subFilter: {name: envoy.filters.http.router}
+    patch:
+      operation: INSERT_BEFORE
+      value:
+        name: envoy.filters.http.buffer
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.http.buffer.v3.Buffer
+          max_request_bytes: 16777216
+""")
+EG_REQUEST_BUFFER = {"limit": "16Mi"}
+EG_BUFFER_AFTER_WASM = [{"name": "envoy.filters.http.buffer",
+                         "after": "envoy.filters.http.wasm"}]
+
+LAYOUTS = {
+    "plain-envoy": (e2e_layouts.plain, {}),
+    "istio": (e2e_layouts.istio, {"phase": "manifest"}),
+    "istio+buffer-after-wasm": (e2e_layouts.istio,
+                                {"phase": "manifest", "envoy_filters": [ISTIO_BUFFER]}),
+    "envoy-gateway": (e2e_layouts.envoy_gateway, {}),
+    "envoy-gateway+requestBuffer": (e2e_layouts.envoy_gateway,
+                                    {"request_buffer": EG_REQUEST_BUFFER}),
+    "envoy-gateway+requestBuffer+filterOrder": (
+        e2e_layouts.envoy_gateway,
+        {"request_buffer": EG_REQUEST_BUFFER, "filter_order": EG_BUFFER_AFTER_WASM}),
+}
+
+REPORT: dict = {}
+
+
+class LayoutEnvoy(Envoy):
+    """Envoy started from a layout's bootstrap instead of the rendered envoy/envoy.yaml."""
+
+    def __init__(self, binary: str, workdir: Path, name: str, build, upstream, **kw):
+        super().__init__(binary, workdir, {}, (upstream.host, upstream.port), name=name)
+        self.cfg = build(wasm_path=str(WASM), listen_port=self.port,
+                         admin_port=self.admin_port, upstream=(upstream.host, upstream.port),
+                         workdir=self.workdir, overrides=OVERRIDES, **kw)
+        self.config_path.write_text(yaml.safe_dump(self.cfg, sort_keys=False))
+
+
+@pytest.fixture(scope="module", params=list(LAYOUTS))
+def layout(request, envoy_bin, wasm, tmp_path_factory):
+    name = request.param
+    build, kw = LAYOUTS[name]
+    rec = RecordingUpstream().start()
+    env = LayoutEnvoy(envoy_bin, tmp_path_factory.mktemp("layouts"), name.replace("+", "_"),
+                      build, rec, **kw)
+    REPORT.setdefault(name, {})["http_filters"] = e2e_layouts.filter_names(env.cfg)
+    env.start()
+    try:
+        yield name, env, rec
+    finally:
+        env.stop()
+        rec.stop()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_recorder(request):
+    if "layout" in request.fixturenames:
+        request.getfixturevalue("layout")[2].reset()
+    yield
+
+
+def teardown_module(module):
+    path = os.environ.get("INCONTEXT_LAYOUTS_REPORT")
+    if path:
+        Path(path).write_text(json.dumps(REPORT, indent=1, sort_keys=True))
+
+
+def body(**extra) -> bytes:
+    obj = {"model": MODEL, "messages": [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": f"hello {nonce()}"}]}
+    obj.update(extra)
+    return json.dumps(obj, indent=1).encode()
+
+
+def post(env: Envoy, data: bytes, path: str = PATH) -> httpx.Response:
+    return httpx.post(env.url + path, content=data, timeout=60,
+                      headers={"content-type": "application/json",
+                               "authorization": "Bearer client-secret"})
+
+
+def settle(rec: RecordingUpstream, seconds=0.5):
+    """Give bytes Envoy may still be sending (a reset request) time to arrive."""
+    time.sleep(seconds)
+
+
+def note(name: str, check: str, **seen):
+    REPORT.setdefault(name, {})[check] = seen
+
+
+def forwarded_summary(rec, t0: float, answered: float | None):
+    out = []
+    for r in rec.forwarded():
+        s = r.summary()
+        s["headers_after_send_s"] = round(r.headers_at - t0, 3)
+        if answered is not None:
+            s["headers_minus_tokenizer_answer_s"] = round(r.headers_at - answered, 3)
+        out.append(s)
+    return out
+
+
+def test_rejected_request_opens_no_upstream_request(layout):
+    name, env, rec = layout
+    rec.tokenizer.set(DEFAULT_MAX_MODEL_LEN - 100, delay=0.5)
+    t0 = time.monotonic()
+    r = post(env, body())
+    settle(rec)
+    calls = rec.tokenize_calls()
+    answered = calls[0].answered_at if calls else None
+    conns, _ = rec.snapshot()
+    seen_path = sum(PATH.encode() in bytes(c.raw) for c in conns)
+    note(name, "rejected", status=r.status_code, tokenizer_calls=len(calls),
+         upstream_connections=len(conns), connections_carrying_the_request=seen_path,
+         forwarded=forwarded_summary(rec, t0, answered))
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["code"] == "context_length_exceeded"
+    assert len(calls) == 1
+    assert rec.forwarded() == [], "the rejected request's headers reached the upstream"
+    assert seen_path == 0
+
+
+def test_no_upstream_request_while_the_tokenizer_runs(layout):
+    name, env, rec = layout
+    rec.tokenizer.set(100, delay=SLOW)
+    t0 = time.monotonic()
+    r = post(env, body(max_tokens=50))
+    elapsed = time.monotonic() - t0
+    calls = rec.tokenize_calls()
+    fwd = rec.forwarded()
+    answered = calls[0].answered_at if calls else None
+    conns, _ = rec.snapshot()
+    early = {c.id: c.bytes_before(answered) for c in conns
+             if answered is not None and c.id != calls[0].conn and c.bytes_before(answered)}
+    note(name, "slow_tokenizer", status=r.status_code, elapsed_s=round(elapsed, 3),
+         tokenizer_calls=len(calls), upstream_connections=len(conns),
+         bytes_on_other_connections_before_the_answer=early,
+         forwarded=forwarded_summary(rec, t0, answered))
+    assert r.status_code == 200, r.text
+    assert len(calls) == 1 and len(fwd) == 1
+    assert elapsed >= SLOW
+    assert fwd[0].headers_at >= answered, (
+        f"the upstream had the request's headers {answered - fwd[0].headers_at:.3f} s "
+        "before the tokenizer answered")
+    assert early == {}, f"bytes reached other upstream connections before the decision: {early}"
+
+
+def test_unchanged_body_keeps_its_content_length(layout):
+    """A completion request without a cap passes unchanged (vLLM's own default applies); the
+    filter only knows that once it has read the body."""
+    name, env, rec = layout
+    rec.tokenizer.set(100)
+    sent = json.dumps({"model": MODEL, "prompt": f"once upon {nonce()}"}, indent=1).encode()
+    r = post(env, sent, "/v1/completions")
+    fwd = rec.forwarded()
+    note(name, "unchanged", status=r.status_code,
+         action=r.headers.get("x-incontext-action"), sent_len=len(sent),
+         forwarded=[f.summary() for f in fwd])
+    assert r.status_code == 200, r.text
+    assert (r.headers.get("x-incontext-action") or "").startswith("unchanged")
+    assert len(fwd) == 1
+    assert fwd[0].body == sent
+    assert fwd[0].transfer_encoding is None, "an unchanged body went upstream chunked"
+    assert fwd[0].content_length == str(len(sent))
+
+
+def test_rewritten_body_has_a_correct_content_length(layout):
+    name, env, rec = layout
+    rec.tokenizer.set(100)
+    sent = body()
+    r = post(env, sent)
+    fwd = rec.forwarded()
+    note(name, "rewritten", status=r.status_code,
+         action=r.headers.get("x-incontext-action"), sent_len=len(sent),
+         forwarded=[f.summary() for f in fwd])
+    assert r.status_code == 200, r.text
+    assert r.headers.get("x-incontext-action") == "rewritten"
+    assert len(fwd) == 1
+    got = fwd[0]
+    assert got.body != sent and "max_tokens" in json.loads(got.body)
+    assert got.transfer_encoding is None, "a rewritten body went upstream chunked"
+    assert got.content_length == str(len(got.body))
+
+
+def test_upstream_answering_on_headers_leaves_the_count_cached(layout):
+    name, env, rec = layout
+    rec.tokenizer.set(100, delay=0.5)
+    rec.answer_on_headers = True
+    sent = body(max_tokens=50)
+    first = post(env, sent)
+    time.sleep(1.0)   # the first tokenizer call has answered by now: its count is cached or lost
+    second = post(env, sent)
+    calls = rec.tokenize_calls()
+    note(name, "answer_on_headers", statuses=[first.status_code, second.status_code],
+         tokenizer_calls=len(calls), forwarded=len(rec.forwarded()))
+    assert first.status_code == 200 and second.status_code == 200
+    assert len(calls) == 1, f"two identical requests made {len(calls)} tokenizer calls"

@@ -41,11 +41,10 @@ CHECKER = REPO / "target" / "debug" / "incontext-check-config"
 
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
 # Kinds that must have a CRD in shared/crds; the others are checked structurally below.
-CRD_KINDS = {"WasmPlugin", "EnvoyExtensionPolicy", "ClientTrafficPolicy"}
+CRD_KINDS = {"WasmPlugin", "EnvoyExtensionPolicy", "ClientTrafficPolicy", "EnvoyFilter"}
 NO_CRD_KINDS = {
     ("v1", "Namespace"),
     ("v1", "Service"),
-    ("networking.istio.io/v1alpha3", "EnvoyFilter"),
     ("networking.istio.io/v1", "Gateway"),
     ("networking.istio.io/v1", "VirtualService"),
     ("gateway.networking.k8s.io/v1", "Gateway"),
@@ -261,6 +260,13 @@ BREAKAGES = {
         ("unknown image key", lambda s: _rename_key(s["wasm"][0]["code"]["image"], "sha256", "sha265")),
         ("targetRef without group", lambda s: s["targetRefs"][0].pop("group")),
     ],
+    "EnvoyFilter": [
+        ("operation typo", lambda s: s["configPatches"][0]["patch"].__setitem__("operation", "MERGER")),
+        ("applyTo typo", lambda s: s["configPatches"][0].__setitem__("applyTo", "LISTENERS")),
+        ("match.context typo", lambda s: s["configPatches"][0]["match"].__setitem__("context", "INGRESS")),
+        ("unknown spec key", lambda s: _rename_key(s, "configPatches", "configPatch")),
+        ("unknown match key", lambda s: s["configPatches"][0]["match"].__setitem__("listenerMatch", {})),
+    ],
     "ClientTrafficPolicy": [
         ("bufferLimit not a quantity", lambda s: s["connection"].__setitem__("bufferLimit", "16MB")),
         ("unknown connection key", lambda s: _rename_key(s["connection"], "bufferLimit", "bufferLimt")),
@@ -366,7 +372,8 @@ def istio_problems(wasmplugin: dict, envoyfilter: dict, virtualservice: dict) ->
     ]
     if not any(d["host"] == host and d.get("port", {}).get("number") == port for d in dests):
         p.append("the VirtualService does not route to the tokenizer's Service (no cluster on the gateway)")
-    # EnvoyFilter: no CRD schema in shared/crds, so a structural check.
+    # EnvoyFilter: also validated against its CRD (test_manifest_matches_crd); here what the
+    # schema cannot say.
     es = envoyfilter.get("spec", {})
     unknown = set(es) - {"workloadSelector", "configPatches", "targetRefs", "priority"}
     if unknown:

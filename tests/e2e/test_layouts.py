@@ -11,8 +11,8 @@ answers the filter's /tokenize calls. For each layout:
 * an unchanged body (a completion request without a cap, which the filter can only tell from
   the body) arrives with its original Content-Length, not chunked;
 * a rewritten body arrives with a Content-Length equal to its length, not chunked;
-* with an upstream that answers as soon as it has the headers, the tokenizer's answer is still
-  used and cached: a repeated request calls the tokenizer once.
+* an upstream that answers as soon as it has the headers still gets the whole rewritten body,
+  and the tokenizer's answer is cached: the same request again calls the tokenizer no more.
 
 What the upstream saw is written, per layout and check, to the JSON file named by
 ``INCONTEXT_LAYOUTS_REPORT`` (if set).
@@ -243,16 +243,24 @@ def test_rewritten_body_has_a_correct_content_length(layout):
     assert got.content_length == str(len(got.body))
 
 
-def test_upstream_answering_on_headers_leaves_the_count_cached(layout):
+def test_upstream_answering_on_headers_gets_the_decided_request(layout):
+    """An upstream that answers as soon as it has the headers still gets the rewritten body,
+    and the tokenizer's answer is cached: the same request again makes no second call."""
     name, env, rec = layout
     rec.tokenizer.set(100, delay=0.5)
     rec.answer_on_headers = True
-    sent = body(max_tokens=50)
+    sent = body()
     first = post(env, sent)
     time.sleep(1.0)   # the first tokenizer call has answered by now: its count is cached or lost
     second = post(env, sent)
+    time.sleep(0.3)
     calls = rec.tokenize_calls()
+    fwd = rec.forwarded()
     note(name, "answer_on_headers", statuses=[first.status_code, second.status_code],
-         tokenizer_calls=len(calls), forwarded=len(rec.forwarded()))
+         tokenizer_calls=len(calls), forwarded=[f.summary() for f in fwd])
     assert first.status_code == 200 and second.status_code == 200
+    assert len(fwd) == 2
+    for f in fwd:
+        assert f.complete, "the upstream got the headers but not the whole body"
+        assert "max_tokens" in json.loads(f.body), "the upstream got the body before the rewrite"
     assert len(calls) == 1, f"two identical requests made {len(calls)} tokenizer calls"

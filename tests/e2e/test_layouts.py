@@ -1,8 +1,8 @@
 """No request reaches the upstream before incontext has decided, in every shipped layout.
 
-Each layout is a real Envoy running the HTTP filter chain that layout produces (e2e_layouts.py
-says where each order comes from) in front of a recording upstream (e2e_recorder.py) that also
-answers the filter's /tokenize calls. For each layout:
+Each layout is a real Envoy running the HTTP filter chain that layout produces
+(tests/harness/layouts.py says where each order comes from) in front of a recording upstream
+(tests/harness/recorder.py) that also answers the filter's /tokenize calls. For each layout:
 
 * a rejected request (``on_insufficient: reject``, a prompt that leaves no room) opens no
   upstream request: no request headers reach the upstream;
@@ -31,10 +31,10 @@ import httpx
 import pytest
 import yaml
 
-import e2e_layouts
-from e2e_common import nonce
-from e2e_envoy import WASM, Envoy
-from e2e_recorder import DEFAULT_MAX_MODEL_LEN, RecordingUpstream
+from tests.e2e.common import nonce
+from tests.harness import layouts
+from tests.harness.envoy import WASM, Envoy, no_filter
+from tests.harness.recorder import DEFAULT_MAX_MODEL_LEN, RecordingUpstream
 
 PATH = "/v1/chat/completions"
 MODEL = "test/model"
@@ -72,15 +72,15 @@ EG_BUFFER_AFTER_WASM = [{"name": "envoy.filters.http.buffer",
                          "after": "envoy.filters.http.wasm"}]
 
 LAYOUTS = {
-    "plain-envoy": (e2e_layouts.plain, {}),
-    "istio": (e2e_layouts.istio, {"phase": "manifest"}),
-    "istio+buffer-after-wasm": (e2e_layouts.istio,
+    "plain-envoy": (layouts.plain, {}),
+    "istio": (layouts.istio, {"phase": "manifest"}),
+    "istio+buffer-after-wasm": (layouts.istio,
                                 {"phase": "manifest", "envoy_filters": [ISTIO_BUFFER]}),
-    "envoy-gateway": (e2e_layouts.envoy_gateway, {}),
-    "envoy-gateway+requestBuffer": (e2e_layouts.envoy_gateway,
+    "envoy-gateway": (layouts.envoy_gateway, {}),
+    "envoy-gateway+requestBuffer": (layouts.envoy_gateway,
                                     {"request_buffer": EG_REQUEST_BUFFER}),
     "envoy-gateway+requestBuffer+filterOrder": (
-        e2e_layouts.envoy_gateway,
+        layouts.envoy_gateway,
         {"request_buffer": EG_REQUEST_BUFFER, "filter_order": EG_BUFFER_AFTER_WASM}),
 }
 
@@ -95,6 +95,8 @@ class LayoutEnvoy(Envoy):
         self.cfg = build(wasm_path=str(WASM), listen_port=self.port,
                          admin_port=self.admin_port, upstream=(upstream.host, upstream.port),
                          workdir=self.workdir, overrides=OVERRIDES, **kw)
+        if no_filter():
+            layouts.remove_wasm(self.cfg)
         self.config_path.write_text(yaml.safe_dump(self.cfg, sort_keys=False))
 
 
@@ -105,7 +107,7 @@ def layout(request, envoy_bin, wasm, tmp_path_factory):
     rec = RecordingUpstream().start()
     env = LayoutEnvoy(envoy_bin, tmp_path_factory.mktemp("layouts"), name.replace("+", "_"),
                       build, rec, **kw)
-    REPORT.setdefault(name, {})["http_filters"] = e2e_layouts.filter_names(env.cfg)
+    REPORT.setdefault(name, {})["http_filters"] = layouts.filter_names(env.cfg)
     env.start()
     try:
         yield name, env, rec

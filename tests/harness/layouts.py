@@ -45,7 +45,7 @@ from typing import Dict, List, Optional
 
 import yaml
 
-from e2e_envoy import load_shipped, render
+from tests.harness.envoy import load_shipped, render
 
 ROOT = Path(__file__).resolve().parents[2]
 KUBE = ROOT / "deploy" / "kubernetes"
@@ -324,6 +324,21 @@ def envoy_gateway(*, wasm_path: str, listen_port: int, admin_port: int, upstream
                       _cluster(cluster, upstream))
 
 
-def filter_names(bootstrap: dict) -> List[str]:
+def _http_filters(bootstrap: dict) -> List[dict]:
     hcm = bootstrap["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
-    return [f["name"] for f in hcm["typed_config"]["http_filters"]]
+    return hcm["typed_config"]["http_filters"]
+
+
+def filter_names(bootstrap: dict) -> List[str]:
+    return [f["name"] for f in _http_filters(bootstrap)]
+
+
+def is_wasm(f: dict) -> bool:
+    return (f.get("typed_config", {}).get("@type") == WASM_TYPE
+            or WASM_TYPE in f.get("config_discovery", {}).get("type_urls", []))
+
+
+def remove_wasm(bootstrap: dict) -> None:
+    """Drops the Wasm filter (INCONTEXT_E2E_NO_FILTER): the layout tests must then fail."""
+    filters = _http_filters(bootstrap)
+    filters[:] = [f for f in filters if not is_wasm(f)]

@@ -175,6 +175,8 @@ def test_rejected_request_opens_no_upstream_request(layout):
     seen_path = sum(PATH.encode() in bytes(c.raw) for c in conns)
     note(name, "rejected", status=r.status_code, tokenizer_calls=len(calls),
          upstream_connections=len(conns), connections_carrying_the_request=seen_path,
+         client_authorization_reached_upstream=any(
+             f.header("authorization") for f in rec.forwarded()),
          forwarded=forwarded_summary(rec, t0, answered))
     assert r.status_code == 400, r.text
     assert r.json()["error"]["code"] == "context_length_exceeded"

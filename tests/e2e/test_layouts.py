@@ -10,7 +10,8 @@ Each layout is a real Envoy running the HTTP filter chain that layout produces
   upstream only after the tokenizer answered;
 * an unchanged body (a completion request without a cap, which the filter can only tell from
   the body) arrives with its original Content-Length, not chunked;
-* a rewritten body arrives with a Content-Length equal to its length, not chunked;
+* a rewritten body arrives with a Content-Length equal to its length, not chunked, also when
+  the client sent it chunked;
 * an upstream that answers as soon as it has the headers still gets the whole rewritten body,
   and the tokenizer's answer is cached: the same request again calls the tokenizer no more.
 
@@ -236,6 +237,28 @@ def test_rewritten_body_has_a_correct_content_length(layout):
     r = post(env, sent)
     fwd = rec.forwarded()
     note(name, "rewritten", status=r.status_code,
+         action=r.headers.get("x-incontext-action"), sent_len=len(sent),
+         forwarded=[f.summary() for f in fwd])
+    assert r.status_code == 200, r.text
+    assert r.headers.get("x-incontext-action") == "rewritten"
+    assert len(fwd) == 1
+    got = fwd[0]
+    assert got.body != sent and "max_tokens" in json.loads(got.body)
+    assert got.transfer_encoding is None, "a rewritten body went upstream chunked"
+    assert got.content_length == str(len(got.body))
+
+
+def test_rewritten_chunked_body_has_a_correct_content_length(layout):
+    """The client sends its body chunked (no Content-Length): the rewritten body still goes
+    upstream with one framing, a Content-Length equal to its length."""
+    name, env, rec = layout
+    rec.tokenizer.set(100)
+    sent = body()
+    half = len(sent) // 2
+    r = httpx.post(env.url + PATH, content=iter([sent[:half], sent[half:]]), timeout=60,
+                   headers={"content-type": "application/json"})
+    fwd = rec.forwarded()
+    note(name, "rewritten_chunked", status=r.status_code,
          action=r.headers.get("x-incontext-action"), sent_len=len(sent),
          forwarded=[f.summary() for f in fwd])
     assert r.status_code == 200, r.text

@@ -31,6 +31,8 @@ import jsonschema
 import pytest
 import yaml
 
+from tests.harness import layouts
+
 REPO = Path(__file__).resolve().parents[2]
 CRDS = REPO.parent / "shared" / "crds"
 DEPLOY = REPO / "deploy"
@@ -41,7 +43,8 @@ CHECKER = REPO / "target" / "debug" / "incontext-check-config"
 
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
 # Kinds that must have a CRD in shared/crds; the others are checked structurally below.
-CRD_KINDS = {"WasmPlugin", "EnvoyExtensionPolicy", "ClientTrafficPolicy", "EnvoyFilter"}
+CRD_KINDS = {"WasmPlugin", "EnvoyExtensionPolicy", "ClientTrafficPolicy", "EnvoyFilter",
+             "BackendTrafficPolicy", "EnvoyProxy"}
 NO_CRD_KINDS = {
     ("v1", "Namespace"),
     ("v1", "Service"),
@@ -267,6 +270,17 @@ BREAKAGES = {
         ("unknown spec key", lambda s: _rename_key(s, "configPatches", "configPatch")),
         ("unknown match key", lambda s: s["configPatches"][0]["match"].__setitem__("listenerMatch", {})),
     ],
+    "BackendTrafficPolicy": [
+        ("limit not a quantity", lambda s: s["requestBuffer"].__setitem__("limit", "16MB")),
+        ("unknown requestBuffer key", lambda s: _rename_key(s["requestBuffer"], "limit", "limt")),
+        ("unknown spec key", lambda s: _rename_key(s, "requestBuffer", "requestBuffering")),
+    ],
+    "EnvoyProxy": [
+        ("filter name typo", lambda s: s["filterOrder"][0].__setitem__("name", "envoy.filters.http.bufer")),
+        ("after names no filter", lambda s: s["filterOrder"][0].__setitem__("after", "wasm")),
+        ("mergeType typo", lambda s: s.__setitem__("mergeType", "Merge")),
+        ("unknown spec key", lambda s: _rename_key(s, "filterOrder", "filtersOrder")),
+    ],
     "ClientTrafficPolicy": [
         ("bufferLimit not a quantity", lambda s: s["connection"].__setitem__("bufferLimit", "16MB")),
         ("unknown connection key", lambda s: _rename_key(s["connection"], "bufferLimit", "bufferLimt")),
@@ -460,10 +474,16 @@ def envoy_gateway_problems(eep: dict, ctp: dict, gateway: dict, route: dict) -> 
     return p
 
 
+def named(kind: str, name: str) -> dict:
+    found = [d for d in docs_of(kind) if d.get("metadata", {}).get("name") == name]
+    assert len(found) == 1, f"expected one {kind} named {name}, found {len(found)}"
+    return found[0]
+
+
 def istio_set():
     return (
         one("WasmPlugin"),
-        one("EnvoyFilter"),
+        named("EnvoyFilter", "incontext-buffer-limit"),
         one("VirtualService"),
     )
 
@@ -523,6 +543,148 @@ def test_envoy_gateway_broken_cross_reference_is_rejected(what, breaker):
     docs = copy.deepcopy(eg_set())
     breaker(*docs)
     assert envoy_gateway_problems(*docs), f"'{what}' was not caught"
+
+
+# --------------------------------------------------------------------------------------------
+# The hold-request manifests: a buffer filter after incontext (docs/gateways.md). The chain each
+# gateway builds from them is computed with tests/harness/layouts.py, the same code the layout
+# tests run in Envoy.
+
+
+def _buffer_limits_problems(what: str, limits: list, max_body: int, ceiling: int) -> list[str]:
+    p = []
+    for v in limits:
+        if not isinstance(v, int) or v < max_body:
+            p.append(f"{what} max_request_bytes {v} does not cover max_body_bytes {max_body}")
+        elif v > ceiling:
+            p.append(f"{what} max_request_bytes {v} exceeds the connection buffer limit {ceiling}")
+    return p
+
+
+def istio_hold_problems(wasmplugin: dict, hold: dict, limit_ef: dict, virtualservice: dict) -> list[str]:
+    p = []
+    if hold["spec"].get("workloadSelector", {}).get("labels") != wasmplugin["spec"].get("selector", {}).get("matchLabels"):
+        p.append("the hold-request EnvoyFilter does not select the WasmPlugin's gateway")
+    wasm = {"name": "incontext-wasm", "typed_config": {"@type": layouts.WASM_TYPE}}
+    http = virtualservice["spec"]["http"]
+    routes = [{"name": h.get("name", "")} for h in http]
+    try:
+        chain = layouts.apply_envoy_filter(
+            layouts.istio_http_filters(wasm, wasmplugin["spec"].get("phase")), routes, hold)
+    except (AssertionError, KeyError) as e:
+        return p + [f"the hold-request EnvoyFilter does not apply: {e}"]
+    names = [f["name"] for f in chain]
+    buffers = [i for i, n in enumerate(names) if n == "envoy.filters.http.buffer"]
+    if len(buffers) != 1:
+        p.append(f"expected one buffer filter in the gateway chain, got {names}")
+        return p
+    if not names.index("incontext-wasm") < buffers[0] < names.index("envoy.filters.http.router"):
+        p.append(f"the buffer filter is not between incontext and the router: {names}")
+    enabled = [r for r in routes if "envoy.filters.http.buffer" in r.get("typed_per_filter_config", {})]
+    if chain[buffers[0]].get("disabled") and not enabled:
+        p.append("the buffer filter is disabled and no route enables it")
+    limit = next((cp["patch"]["value"].get("per_connection_buffer_limit_bytes")
+                  for cp in limit_ef["spec"]["configPatches"] if cp["applyTo"] == "LISTENER"), 0)
+    max_body = wasmplugin["spec"].get("pluginConfig", {}).get("max_body_bytes", DEFAULT_MAX_BODY_BYTES)
+    limits = [chain[buffers[0]].get("typed_config", {}).get("max_request_bytes")]
+    limits += [r["typed_per_filter_config"]["envoy.filters.http.buffer"].get("buffer", {}).get("max_request_bytes")
+               for r in enabled]
+    p += _buffer_limits_problems("buffer", limits, max_body, limit)
+    return p
+
+
+def envoy_gateway_hold_problems(eep: dict, btp: dict, proxy: dict, ctp: dict, gateway: dict, route: dict) -> list[str]:
+    p = []
+    if btp["spec"].get("targetRefs") != [{"group": "gateway.networking.k8s.io", "kind": "HTTPRoute", "name": route["metadata"]["name"]}] or (
+        btp["metadata"]["namespace"] != route["metadata"]["namespace"]
+    ):
+        p.append("the BackendTrafficPolicy does not target the HTTPRoute")
+    ref = gateway["spec"].get("infrastructure", {}).get("parametersRef", {})
+    if ref != {"group": "gateway.envoyproxy.io", "kind": "EnvoyProxy", "name": proxy["metadata"]["name"]} or (
+        proxy["metadata"]["namespace"] != gateway["metadata"]["namespace"]
+    ):
+        p.append("the Gateway does not reference the EnvoyProxy that orders the filters")
+    wasm = "envoy.filters.http.wasm/" + f"envoyextensionpolicy/{eep['metadata']['namespace']}/{eep['metadata']['name']}/wasm/0"
+    chain = [f["name"] for f in layouts.eg_sort(
+        [{"name": wasm}, {"name": "envoy.filters.http.router"}, {"name": "envoy.filters.http.buffer"}],
+        proxy["spec"].get("filterOrder", []))]
+    if not chain.index(wasm) < chain.index("envoy.filters.http.buffer") < chain.index("envoy.filters.http.router"):
+        p.append(f"the buffer filter is not between incontext and the router: {chain}")
+    limit = btp["spec"].get("requestBuffer", {}).get("limit")
+    if limit is None:
+        return p + ["no requestBuffer"]
+    max_body = (eep["spec"]["wasm"][0].get("config") or {}).get("max_body_bytes", DEFAULT_MAX_BODY_BYTES)
+    p += _buffer_limits_problems("requestBuffer", [quantity(limit)], max_body,
+                                 quantity(ctp["spec"]["connection"]["bufferLimit"]))
+    return p
+
+
+def istio_hold_set():
+    return (
+        one("WasmPlugin"),
+        named("EnvoyFilter", "incontext-hold-request"),
+        named("EnvoyFilter", "incontext-buffer-limit"),
+        one("VirtualService"),
+    )
+
+
+def eg_hold_set():
+    return (
+        one("EnvoyExtensionPolicy"),
+        one("BackendTrafficPolicy"),
+        one("EnvoyProxy"),
+        one("ClientTrafficPolicy"),
+        one("Gateway", "gateway.networking.k8s.io/"),
+        one("HTTPRoute"),
+    )
+
+
+def test_istio_holds_the_request():
+    assert istio_hold_problems(*istio_hold_set()) == []
+
+
+def test_envoy_gateway_holds_the_request():
+    assert envoy_gateway_hold_problems(*eg_hold_set()) == []
+
+
+def _hold_patch(ef, apply_to):
+    return next(cp for cp in ef["spec"]["configPatches"] if cp["applyTo"] == apply_to)
+
+
+ISTIO_HOLD_BREAKAGES = [
+    ("buffer after the router", lambda wp, h, l, vs: _hold_patch(h, "HTTP_FILTER")["patch"].__setitem__("operation", "INSERT_AFTER")),
+    ("buffer first (before incontext)", lambda wp, h, l, vs: _hold_patch(h, "HTTP_FILTER")["patch"].__setitem__("operation", "INSERT_FIRST")),
+    ("sub-filter that does not exist", lambda wp, h, l, vs: _hold_patch(h, "HTTP_FILTER")["match"]["listener"]["filterChain"]["filter"]["subFilter"].__setitem__("name", "envoy.router")),
+    ("route not named in the VirtualService", lambda wp, h, l, vs: vs["spec"]["http"][0].pop("name")),
+    ("route patch removed", lambda wp, h, l, vs: h["spec"]["configPatches"].remove(_hold_patch(h, "HTTP_ROUTE"))),
+    ("per-route limit below max_body_bytes", lambda wp, h, l, vs: _hold_patch(h, "HTTP_ROUTE")["patch"]["value"]["typed_per_filter_config"]["envoy.filters.http.buffer"]["buffer"].__setitem__("max_request_bytes", 1048576)),
+    ("limit above the listener limit", lambda wp, h, l, vs: _hold_patch(h, "HTTP_FILTER")["patch"]["value"]["typed_config"].__setitem__("max_request_bytes", 64 * 2**20)),
+    ("other workload", lambda wp, h, l, vs: h["spec"]["workloadSelector"].__setitem__("labels", {"app": "x"})),
+]
+
+
+@pytest.mark.parametrize("what,breaker", ISTIO_HOLD_BREAKAGES, ids=[w for w, _ in ISTIO_HOLD_BREAKAGES])
+def test_istio_broken_hold_is_rejected(what, breaker):
+    docs = copy.deepcopy(istio_hold_set())
+    breaker(*docs)
+    assert istio_hold_problems(*docs), f"'{what}' was not caught"
+
+
+EG_HOLD_BREAKAGES = [
+    ("no filterOrder (buffer before Wasm)", lambda e, b, x, c, g, r: x["spec"].pop("filterOrder")),
+    ("buffer before Wasm", lambda e, b, x, c, g, r: x["spec"]["filterOrder"][0].update({"before": x["spec"]["filterOrder"][0].pop("after")})),
+    ("Gateway without the EnvoyProxy", lambda e, b, x, c, g, r: g["spec"].pop("infrastructure")),
+    ("targets another route", lambda e, b, x, c, g, r: b["spec"]["targetRefs"][0].__setitem__("name", "other")),
+    ("limit below max_body_bytes", lambda e, b, x, c, g, r: b["spec"]["requestBuffer"].__setitem__("limit", "4Mi")),
+    ("limit above the connection limit", lambda e, b, x, c, g, r: b["spec"]["requestBuffer"].__setitem__("limit", "64Mi")),
+]
+
+
+@pytest.mark.parametrize("what,breaker", EG_HOLD_BREAKAGES, ids=[w for w, _ in EG_HOLD_BREAKAGES])
+def test_envoy_gateway_broken_hold_is_rejected(what, breaker):
+    docs = copy.deepcopy(eg_hold_set())
+    breaker(*docs)
+    assert envoy_gateway_hold_problems(*docs), f"'{what}' was not caught"
 
 
 def test_both_gateways_reference_the_same_image():

@@ -43,46 +43,26 @@ MODEL = "test/model"
 OVERRIDES = {"on_insufficient": "reject"}
 SLOW = 2.0
 
-# EnvoyFilter that puts Envoy's buffer filter after the Wasm filter on an Istio gateway
-# (before the router: every Wasm phase sits before the router).
-ISTIO_BUFFER = yaml.safe_load("""
-apiVersion: networking.istio.io/v1alpha3
-kind: EnvoyFilter
-metadata: {name: incontext-buffer, namespace: istio-system}
-spec:
-  workloadSelector: {labels: {istio: ingressgateway}}
-  configPatches:
-  - applyTo: HTTP_FILTER
-    match:
-      context: GATEWAY
-      listener:
-        filterChain:
-          filter:
-            name: envoy.filters.network.http_connection_manager
-            subFilter: {name: envoy.filters.http.router}
-    patch:
-      operation: INSERT_BEFORE
-      value:
-        name: envoy.filters.http.buffer
-        typed_config:
-          "@type": type.googleapis.com/envoy.extensions.filters.http.buffer.v3.Buffer
-          max_request_bytes: 16777216
-""")
-EG_REQUEST_BUFFER = {"limit": "16Mi"}
-EG_BUFFER_AFTER_WASM = [{"name": "envoy.filters.http.buffer",
-                         "after": "envoy.filters.http.wasm"}]
+HOLD_ISTIO = layouts.manifest("istio/hold-request.yaml", "EnvoyFilter")
+HOLD_EG_BTP = layouts.manifest("envoy-gateway/hold-request.yaml", "BackendTrafficPolicy")
+HOLD_EG_PROXY = layouts.manifest("envoy-gateway/hold-request.yaml", "EnvoyProxy")
 
-LAYOUTS = {
+# The shipped layouts: every check must pass.
+SHIPPED = {
     "plain-envoy": (layouts.plain, {}),
-    "istio": (layouts.istio, {"phase": "manifest"}),
-    "istio+buffer-after-wasm": (layouts.istio,
-                                {"phase": "manifest", "envoy_filters": [ISTIO_BUFFER]}),
-    "envoy-gateway": (layouts.envoy_gateway, {}),
-    "envoy-gateway+requestBuffer": (layouts.envoy_gateway,
-                                    {"request_buffer": EG_REQUEST_BUFFER}),
-    "envoy-gateway+requestBuffer+filterOrder": (
-        layouts.envoy_gateway,
-        {"request_buffer": EG_REQUEST_BUFFER, "filter_order": EG_BUFFER_AFTER_WASM}),
+    "istio": (layouts.istio, {"envoy_filters": [HOLD_ISTIO]}),
+    "envoy-gateway": (layouts.envoy_gateway,
+                      {"request_buffer": HOLD_EG_BTP["spec"]["requestBuffer"],
+                       "filter_order": HOLD_EG_PROXY["spec"]["filterOrder"]}),
+}
+# The gateway layouts without the hold-request manifests (and Envoy Gateway's requestBuffer in
+# its default place, before Wasm): the upstream sees the request before the decision. This is
+# why the manifests exist, and it shows the checks above can fail.
+UNHELD = {
+    "istio-without-hold-request": (layouts.istio, {}),
+    "envoy-gateway-without-hold-request": (layouts.envoy_gateway, {}),
+    "envoy-gateway-requestBuffer-default-order": (
+        layouts.envoy_gateway, {"request_buffer": HOLD_EG_BTP["spec"]["requestBuffer"]}),
 }
 
 REPORT: dict = {}
@@ -101,10 +81,9 @@ class LayoutEnvoy(Envoy):
         self.config_path.write_text(yaml.safe_dump(self.cfg, sort_keys=False))
 
 
-@pytest.fixture(scope="module", params=list(LAYOUTS))
-def layout(request, envoy_bin, wasm, tmp_path_factory):
+def _run(request, envoy_bin, tmp_path_factory, table):
     name = request.param
-    build, kw = LAYOUTS[name]
+    build, kw = table[name]
     rec = RecordingUpstream().start()
     env = LayoutEnvoy(envoy_bin, tmp_path_factory.mktemp("layouts"), name.replace("+", "_"),
                       build, rec, **kw)
@@ -117,10 +96,21 @@ def layout(request, envoy_bin, wasm, tmp_path_factory):
         rec.stop()
 
 
+@pytest.fixture(scope="module", params=list(SHIPPED))
+def layout(request, envoy_bin, wasm, tmp_path_factory):
+    yield from _run(request, envoy_bin, tmp_path_factory, SHIPPED)
+
+
+@pytest.fixture(scope="module", params=list(UNHELD))
+def unheld(request, envoy_bin, wasm, tmp_path_factory):
+    yield from _run(request, envoy_bin, tmp_path_factory, UNHELD)
+
+
 @pytest.fixture(autouse=True)
 def _fresh_recorder(request):
-    if "layout" in request.fixturenames:
-        request.getfixturevalue("layout")[2].reset()
+    for name in ("layout", "unheld"):
+        if name in request.fixturenames:
+            request.getfixturevalue(name)[2].reset()
     yield
 
 
@@ -164,8 +154,8 @@ def forwarded_summary(rec, t0: float, answered: float | None):
     return out
 
 
-def test_rejected_request_opens_no_upstream_request(layout):
-    name, env, rec = layout
+def send_rejected(name, env, rec) -> dict:
+    """A prompt that leaves no room, counted in 0.5 s: what the client and upstream saw."""
     rec.tokenizer.set(DEFAULT_MAX_MODEL_LEN - 100, delay=0.5)
     t0 = time.monotonic()
     r = post(env, body())
@@ -173,42 +163,72 @@ def test_rejected_request_opens_no_upstream_request(layout):
     calls = rec.tokenize_calls()
     answered = calls[0].answered_at if calls else None
     conns, _ = rec.snapshot()
-    seen_path = sum(PATH.encode() in bytes(c.raw) for c in conns)
-    note(name, "rejected", status=r.status_code, tokenizer_calls=len(calls),
-         upstream_connections=len(conns), connections_carrying_the_request=seen_path,
-         client_authorization_reached_upstream=any(
-             f.header("authorization") for f in rec.forwarded()),
-         forwarded=forwarded_summary(rec, t0, answered))
+    seen = {
+        "status": r.status_code, "tokenizer_calls": len(calls),
+        "upstream_connections": len(conns),
+        "connections_carrying_the_request": sum(PATH.encode() in bytes(c.raw) for c in conns),
+        "client_authorization_reached_upstream": any(
+            f.header("authorization") for f in rec.forwarded()),
+        "forwarded": forwarded_summary(rec, t0, answered),
+    }
+    note(name, "rejected", **seen)
     assert r.status_code == 400, r.text
     assert r.json()["error"]["code"] == "context_length_exceeded"
     assert len(calls) == 1
-    assert rec.forwarded() == [], "the rejected request's headers reached the upstream"
-    assert seen_path == 0
+    return seen
 
 
-def test_no_upstream_request_while_the_tokenizer_runs(layout):
-    name, env, rec = layout
+def send_slow(name, env, rec) -> dict:
+    """A request whose count takes SLOW seconds: when its headers reached the upstream."""
     rec.tokenizer.set(100, delay=SLOW)
     t0 = time.monotonic()
     r = post(env, body(max_tokens=50))
     elapsed = time.monotonic() - t0
     calls = rec.tokenize_calls()
     fwd = rec.forwarded()
-    answered = calls[0].answered_at if calls else None
-    conns, _ = rec.snapshot()
-    early = {c.id: c.bytes_before(answered) for c in conns
-             if answered is not None and c.id != calls[0].conn and c.bytes_before(answered)}
-    note(name, "slow_tokenizer", status=r.status_code, elapsed_s=round(elapsed, 3),
-         tokenizer_calls=len(calls), upstream_connections=len(conns),
-         bytes_on_other_connections_before_the_answer=early,
-         forwarded=forwarded_summary(rec, t0, answered))
     assert r.status_code == 200, r.text
     assert len(calls) == 1 and len(fwd) == 1
+    answered = calls[0].answered_at
+    conns, _ = rec.snapshot()
+    seen = {
+        "status": r.status_code, "elapsed_s": round(elapsed, 3), "tokenizer_calls": len(calls),
+        "upstream_connections": len(conns),
+        "bytes_on_other_connections_before_the_answer": {
+            c.id: c.bytes_before(answered) for c in conns
+            if c.id != calls[0].conn and c.bytes_before(answered)},
+        "headers_before_the_answer_s": round(answered - fwd[0].headers_at, 3),
+        "forwarded": forwarded_summary(rec, t0, answered),
+    }
+    note(name, "slow_tokenizer", **seen)
     assert elapsed >= SLOW
-    assert fwd[0].headers_at >= answered, (
-        f"the upstream had the request's headers {answered - fwd[0].headers_at:.3f} s "
+    return seen
+
+
+def test_rejected_request_opens_no_upstream_request(layout):
+    seen = send_rejected(*layout)
+    assert seen["forwarded"] == [], "the rejected request's headers reached the upstream"
+    assert seen["connections_carrying_the_request"] == 0
+
+
+def test_no_upstream_request_while_the_tokenizer_runs(layout):
+    seen = send_slow(*layout)
+    assert seen["headers_before_the_answer_s"] <= 0, (
+        f"the upstream had the request's headers {seen['headers_before_the_answer_s']} s "
         "before the tokenizer answered")
+    early = seen["bytes_on_other_connections_before_the_answer"]
     assert early == {}, f"bytes reached other upstream connections before the decision: {early}"
+
+
+def test_without_hold_request_the_upstream_sees_the_request_first(unheld):
+    """Without the hold-request manifest (or with Envoy Gateway's buffer in its default place,
+    before Wasm) the headers reach the upstream before incontext has decided."""
+    rejected = send_rejected(*unheld)
+    assert len(rejected["forwarded"]) == 1
+    assert rejected["client_authorization_reached_upstream"]
+    assert not rejected["forwarded"][0]["complete"], "a rejected request was sent whole"
+    unheld[2].reset()
+    slow = send_slow(*unheld)
+    assert slow["headers_before_the_answer_s"] >= SLOW * 0.75
 
 
 def test_unchanged_body_keeps_its_content_length(layout):

@@ -146,10 +146,9 @@ def plain(*, wasm_path: str, listen_port: int, admin_port: int, upstream, workdi
 ISTIO_PHASES = {"AUTHN": 1, "AUTHZ": 2, "STATS": 3, None: 4}
 
 
-def istio_http_filters(wasm_filter: dict, phase: Optional[str], envoy_filters: List[dict]) -> \
-        List[dict]:
-    """buildHTTPConnectionManager's order for a gateway without authn/authz policies, the
-    Wasm filter at its phase, then each EnvoyFilter HTTP_FILTER patch applied."""
+def istio_http_filters(wasm_filter: dict, phase: Optional[str]) -> List[dict]:
+    """buildHTTPConnectionManager's order for a gateway without authn/authz policies, with
+    the Wasm filter at its phase."""
     slots: Dict[object, List[dict]] = {p: [] for p in ISTIO_PHASES}
     slots[phase].append(wasm_filter)
     filters: List[dict] = []
@@ -167,36 +166,58 @@ def istio_http_filters(wasm_filter: dict, phase: Optional[str], envoy_filters: L
                     "typed_config": _typed("envoy.extensions.filters.http.cors.v3.Cors")})
     # istio.stats: Istio's own telemetry filter (not in upstream Envoy); observes only.
     filters.append(copy.deepcopy(ROUTER))
-    for ef in envoy_filters:
-        filters = apply_envoy_filter(filters, ef)
     return filters
 
 
-def apply_envoy_filter(filters: List[dict], envoy_filter: dict) -> List[dict]:
-    """The HTTP_FILTER patches of an EnvoyFilter (GATEWAY context, INSERT_BEFORE /
-    INSERT_AFTER a named sub-filter), as istiod applies them to the gateway's HCM."""
+def _merge(dst: dict, src: dict) -> None:
+    for k, v in src.items():
+        if isinstance(v, dict) and isinstance(dst.get(k), dict) and "@type" not in v:
+            _merge(dst[k], v)
+        else:
+            dst[k] = copy.deepcopy(v)
+
+
+def apply_envoy_filter(filters: List[dict], routes: List[dict], envoy_filter: dict) -> \
+        List[dict]:
+    """An EnvoyFilter's GATEWAY patches as istiod applies them to the gateway's HCM: HTTP_FILTER
+    INSERT_FIRST, or INSERT_BEFORE / INSERT_AFTER a named sub-filter, and HTTP_ROUTE MERGE into the routes of
+    that name (``routes`` is changed in place). Other patch kinds are not modelled here."""
     out = list(filters)
     for cp in envoy_filter["spec"]["configPatches"]:
-        if cp["applyTo"] != "HTTP_FILTER":
-            continue
+        if cp["applyTo"] == "LISTENER":
+            continue   # listener settings (buffer-limit.yaml) are applied by the caller
         assert cp["match"]["context"] in ("GATEWAY", "ANY"), cp["match"]
-        sub = cp["match"]["listener"]["filterChain"]["filter"]["subFilter"]["name"]
-        idx = [i for i, f in enumerate(out) if f["name"] == sub]
-        assert idx, f"EnvoyFilter matches no HTTP filter named {sub!r}"
-        value = copy.deepcopy(cp["patch"]["value"])
         op = cp["patch"]["operation"]
-        if op == "INSERT_BEFORE":
-            out.insert(idx[0], value)
-        elif op == "INSERT_AFTER":
-            out.insert(idx[0] + 1, value)
+        value = copy.deepcopy(cp["patch"]["value"])
+        if cp["applyTo"] == "HTTP_FILTER" and op == "INSERT_FIRST":
+            out.insert(0, value)
+        elif cp["applyTo"] == "HTTP_FILTER":
+            sub = cp["match"]["listener"]["filterChain"]["filter"]["subFilter"]["name"]
+            idx = [i for i, f in enumerate(out) if f["name"] == sub]
+            assert idx, f"EnvoyFilter matches no HTTP filter named {sub!r}"
+            if op == "INSERT_BEFORE":
+                out.insert(idx[0], value)
+            elif op == "INSERT_AFTER":
+                out.insert(idx[0] + 1, value)
+            else:
+                raise AssertionError(f"HTTP_FILTER operation {op} not modelled")
+        elif cp["applyTo"] == "HTTP_ROUTE":
+            assert op == "MERGE", f"HTTP_ROUTE operation {op} not modelled"
+            name = cp["match"]["routeConfiguration"]["vhost"]["route"]["name"]
+            hits = [r for r in routes if r.get("name") == name]
+            assert hits, f"EnvoyFilter matches no route named {name!r}"
+            for r in hits:
+                _merge(r, value)
         else:
-            raise AssertionError(f"operation {op} not modelled")
+            raise AssertionError(f"applyTo {cp['applyTo']} not modelled")
     return out
 
 
 def istio(*, wasm_path: str, listen_port: int, admin_port: int, upstream, workdir: Path,
-          overrides: dict, phase: Optional[str] = "STATS",
+          overrides: dict, phase: Optional[str] = "manifest",
           envoy_filters: List[dict] = ()) -> dict:
+    """The WasmPlugin (istio/wasmplugin.yaml) on the ingress gateway of routing.yaml, with the
+    listener limit of buffer-limit.yaml and the given EnvoyFilters' patches."""
     wp = manifest("istio/wasmplugin.yaml", "WasmPlugin")
     spec, meta = wp["spec"], wp["metadata"]
     te_name = f"{meta['name']}~istio-translated-wasmplugin"
@@ -233,13 +254,19 @@ def istio(*, wasm_path: str, listen_port: int, admin_port: int, upstream, workdi
         },
     }
     phase = spec.get("phase") if phase == "manifest" else phase
-    http_filters = istio_http_filters(wasm_filter, phase, list(envoy_filters))
+    http_filters = istio_http_filters(wasm_filter, phase)
     cluster = pc["tokenizer"]["cluster"]   # outbound|8000||vllm.llm.svc.cluster.local
     limit = next(cp["patch"]["value"]["per_connection_buffer_limit_bytes"]
                  for cp in manifest("istio/buffer-limit.yaml", "EnvoyFilter")["spec"]
                  ["configPatches"] if cp["applyTo"] == "LISTENER")
-    # The VirtualService route: Istio leaves the route timeout at 0 (none).
-    route = {"match": {"prefix": "/v1/"}, "route": {"cluster": cluster, "timeout": "0s"}}
+    # The VirtualService's route: Envoy's route name is the http route's name (route.go,
+    # TranslateRoute); Istio leaves the route timeout at 0 (none).
+    http = manifest("istio/routing.yaml", "VirtualService")["spec"]["http"][0]
+    route = {"name": http.get("name", ""),
+             "match": {"prefix": http["match"][0]["uri"]["prefix"]},
+             "route": {"cluster": cluster, "timeout": "0s"}}
+    for ef in envoy_filters:
+        http_filters = apply_envoy_filter(http_filters, [route], ef)
     # A file-based ECDS subscription wants a node id and cluster, as istio-agent gives them.
     node = {"id": "router~127.0.0.1~istio-ingressgateway.istio-system~istio-system.svc.cluster.local",
             "cluster": "istio-ingressgateway.istio-system"}

@@ -169,6 +169,9 @@ def send_rejected(name, env, rec) -> dict:
         "connections_carrying_the_request": sum(PATH.encode() in bytes(c.raw) for c in conns),
         "client_authorization_reached_upstream": any(
             f.header("authorization") for f in rec.forwarded()),
+        "forwarded_request_connection_closed": [
+            next(c.closed_at is not None for c in conns if c.id == f.conn)
+            for f in rec.forwarded()],
         "forwarded": forwarded_summary(rec, t0, answered),
     }
     note(name, "rejected", **seen)
@@ -226,6 +229,7 @@ def test_without_hold_request_the_upstream_sees_the_request_first(unheld):
     assert len(rejected["forwarded"]) == 1
     assert rejected["client_authorization_reached_upstream"]
     assert not rejected["forwarded"][0]["complete"], "a rejected request was sent whole"
+    assert rejected["forwarded_request_connection_closed"] == [True], "no reset after the headers"
     unheld[2].reset()
     slow = send_slow(*unheld)
     assert slow["headers_before_the_answer_s"] >= SLOW * 0.75

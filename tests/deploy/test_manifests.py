@@ -567,19 +567,20 @@ def istio_hold_problems(wasmplugin: dict, hold: dict, limit_ef: dict, virtualser
         p.append("the hold-request EnvoyFilter does not select the WasmPlugin's gateway")
     wasm = {"name": "incontext-wasm", "typed_config": {"@type": layouts.WASM_TYPE}}
     http = virtualservice["spec"]["http"]
-    routes = [{"name": h.get("name", "")} for h in http]
-    try:
-        chain = layouts.apply_envoy_filter(
-            layouts.istio_http_filters(wasm, wasmplugin["spec"].get("phase")), routes, hold)
-    except (AssertionError, KeyError) as e:
-        return p + [f"the hold-request EnvoyFilter does not apply: {e}"]
-    names = [f["name"] for f in chain]
-    buffers = [i for i, n in enumerate(names) if n == "envoy.filters.http.buffer"]
-    if len(buffers) != 1:
-        p.append(f"expected one buffer filter in the gateway chain, got {names}")
-        return p
-    if not names.index("incontext-wasm") < buffers[0] < names.index("envoy.filters.http.router"):
-        p.append(f"the buffer filter is not between incontext and the router: {names}")
+    # The manifest's phase, and every other phase an operator may choose.
+    for phase in [wasmplugin["spec"].get("phase"), "AUTHN", "AUTHZ", "STATS", None]:
+        routes = [{"name": h.get("name", "")} for h in http]
+        try:
+            chain = layouts.apply_envoy_filter(
+                layouts.istio_http_filters(wasm, phase), routes, hold)
+        except (AssertionError, KeyError) as e:
+            return p + [f"the hold-request EnvoyFilter does not apply: {e}"]
+        names = [f["name"] for f in chain]
+        buffers = [i for i, n in enumerate(names) if n == "envoy.filters.http.buffer"]
+        if len(buffers) != 1:
+            return p + [f"expected one buffer filter in the gateway chain, got {names}"]
+        if not names.index("incontext-wasm") < buffers[0] < names.index("envoy.filters.http.router"):
+            return p + [f"phase {phase}: the buffer filter is not between incontext and the router: {names}"]
     enabled = [r for r in routes if "envoy.filters.http.buffer" in r.get("typed_per_filter_config", {})]
     if chain[buffers[0]].get("disabled") and not enabled:
         p.append("the buffer filter is disabled and no route enables it")

@@ -1,0 +1,169 @@
+#!/usr/bin/env bash
+# Build a real llama.cpp `llama-server` (CPU) and a tiny GGUF model for it.
+#
+#   scripts/setup-llamacpp.sh
+#
+# Idempotent: each step leaves a stamp and is skipped when its stamp is current. Everything lives
+# outside the clone, in ${INCONTEXT_CACHE:-~/.cache/incontext}/llamacpp-<version>/ (see
+# scripts/llamacpp-paths.sh), so CI runs on the same machine reuse it:
+#   1. src/      the llama-cpp-python source distribution from PyPI (pinned version and sha256);
+#                it vendors the llama.cpp sources under vendor/llama.cpp
+#   2. bin/llama-server   only the `llama-server` CMake target: Release, CPU, static, portable
+#                (x86-64 with AVX2, not -march=native), no curl/openssl, no web UI download
+#                (≈12 minutes on 2 cores, once)
+#   3. model/    random weights for the tiny Qwen3 of scripts/setup-vllm.sh (same config,
+#                tokenizer and chat template; scripts/llamacpp-weights.py, torch from the vLLM
+#                virtualenv), converted to qwen3-tiny-f16.gguf by the vendored converter
+# Needs scripts/setup-vllm.sh first (its virtualenv and model directory; same overrides:
+# INCONTEXT_VLLM_VENV, INCONTEXT_VLLM_MODEL). Build parallelism: INCONTEXT_LLAMACPP_JOBS (2).
+# Start and stop the server with scripts/llamacpp.sh.
+set -euo pipefail
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# shellcheck source=scripts/vllm-paths.sh
+. "$REPO/scripts/vllm-paths.sh"       # VENV, MODEL_DIR
+# shellcheck source=scripts/llamacpp-paths.sh
+. "$REPO/scripts/llamacpp-paths.sh"   # LLAMACPP_*
+WEIGHTS_PY="$REPO/scripts/llamacpp-weights.py"
+JOBS="${INCONTEXT_LLAMACPP_JOBS:-2}"
+SEED=0
+
+say() { printf 'setup-llamacpp: %s\n' "$*"; }
+die() { printf 'setup-llamacpp: error: %s\n' "$*" >&2; exit 1; }
+sha() { sha256sum "$1" | cut -d' ' -f1; }
+stamp_ok() { [ -f "$1" ] && [ "$(cat "$1")" = "$2" ]; }
+
+[ -x "$VENV/bin/python" ] || die "no vLLM virtualenv in $VENV: run scripts/setup-vllm.sh first"
+[ -f "$MODEL_DIR/config.json" ] && [ -f "$MODEL_DIR/tokenizer.json" ] \
+  || die "no model directory in $MODEL_DIR: run scripts/setup-vllm.sh first"
+PY="$VENV/bin/python"
+
+mkdir -p "$LLAMACPP_DIR"
+# One setup at a time (CI and a developer may both call this).
+exec 9>"$LLAMACPP_DIR.lock"
+flock 9
+
+# ---------------------------------------------------------------- 1. sources
+SRC_TOP="$LLAMACPP_DIR/src"
+SRC_STAMP="$SRC_TOP/.incontext-stamp"
+want_src="sdist=$LLAMACPP_SDIST_SHA256"
+if stamp_ok "$SRC_STAMP" "$want_src" && [ -f "$LLAMACPP_SRC/CMakeLists.txt" ]; then
+  say "sources already unpacked: $LLAMACPP_SRC"
+else
+  say "downloading llama-cpp-python $LLAMACPP_PY_VERSION (source distribution, ≈77 MB) from PyPI"
+  dl="$LLAMACPP_DIR/download"
+  rm -rf "$dl" "$SRC_TOP"
+  mkdir -p "$dl"
+  "$PY" -m pip download --disable-pip-version-check --no-input --progress-bar off -q \
+    --no-binary :all: --no-deps -d "$dl" "llama-cpp-python==$LLAMACPP_PY_VERSION"
+  tarball="$dl/llama_cpp_python-$LLAMACPP_PY_VERSION.tar.gz"
+  [ -f "$tarball" ] || die "pip did not save $tarball"
+  [ "$(sha "$tarball")" = "$LLAMACPP_SDIST_SHA256" ] \
+    || die "sha256 of $tarball is not the pinned $LLAMACPP_SDIST_SHA256"
+  mkdir -p "$SRC_TOP.tmp"
+  tar -xzf "$tarball" -C "$SRC_TOP.tmp"
+  mv "$SRC_TOP.tmp" "$SRC_TOP"
+  rm -rf "$dl"
+  [ -f "$LLAMACPP_SRC/CMakeLists.txt" ] || die "no vendor/llama.cpp in the source distribution"
+  echo "$want_src" >"$SRC_STAMP"
+fi
+
+# ---------------------------------------------------------------- 2. llama-server
+# GGML_NATIVE=OFF: a portable build (ggml then enables SSE4.2/AVX/AVX2/FMA/F16C/BMI2, any
+# x86-64-v3 CPU) that a CI cache can carry between machines. Static, so bin/ holds one file.
+CMAKE_FLAGS=(
+  -DCMAKE_BUILD_TYPE=Release
+  -DBUILD_SHARED_LIBS=OFF
+  -DGGML_NATIVE=OFF
+  -DGGML_BACKEND_DL=OFF
+  -DGGML_CPU_ALL_VARIANTS=OFF
+  -DLLAMA_OPENSSL=OFF
+  -DLLAMA_BUILD_UI=OFF
+  -DLLAMA_USE_PREBUILT_UI=OFF
+  -DLLAMA_BUILD_TESTS=OFF
+  -DLLAMA_BUILD_EXAMPLES=OFF
+  -DLLAMA_BUILD_APP=OFF
+  -DLLAMA_BUILD_TOOLS=ON
+  -DLLAMA_BUILD_SERVER=ON
+)
+BUILD="$LLAMACPP_DIR/build"
+BIN_STAMP="$LLAMACPP_DIR/bin/.incontext-stamp"
+want_bin="$want_src cmake=${CMAKE_FLAGS[*]}"
+if stamp_ok "$BIN_STAMP" "$want_bin" && [ -x "$LLAMACPP_BIN" ]; then
+  say "llama-server already built: $LLAMACPP_BIN"
+else
+  rm -f "$BIN_STAMP"
+  if ! command -v cmake >/dev/null; then
+    say "cmake not found; installing it with apt-get"
+    SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq cmake >/dev/null
+  fi
+  command -v c++ >/dev/null || die "no C++ compiler (apt-get install g++)"
+  BLOG="$LLAMACPP_DIR/build.log"
+  say "building llama-server with CMake (-j$JOBS; ≈12 minutes on 2 cores); log: $BLOG"
+  start=$(date +%s)
+  rm -rf "$BUILD"
+  (
+    set -e
+    cmake -S "$LLAMACPP_SRC" -B "$BUILD" "${CMAKE_FLAGS[@]}"
+    nice cmake --build "$BUILD" --target llama-server -j "$JOBS"
+  ) >"$BLOG" 2>&1 &
+  build_pid=$!
+  # Say something every 60 s so nobody thinks it hangs.
+  while kill -0 "$build_pid" 2>/dev/null; do
+    for _ in $(seq 1 60); do
+      kill -0 "$build_pid" 2>/dev/null || break
+      sleep 1
+    done
+    if kill -0 "$build_pid" 2>/dev/null; then
+      pct="$(grep -o '^\[ *[0-9]*%\]' "$BLOG" | tail -n 1 | tr -d '[] ' || true)"
+      say "  … compiling (${pct:-0%}; $(($(date +%s) - start)) s)"
+    fi
+  done
+  if ! wait "$build_pid"; then
+    tail -n 30 "$BLOG" >&2
+    die "the llama-server build failed (full log: $BLOG)"
+  fi
+  mkdir -p "$LLAMACPP_DIR/bin"
+  install -m 0755 "$BUILD/bin/llama-server" "$LLAMACPP_BIN"
+  "$LLAMACPP_BIN" --version >/dev/null 2>&1 || die "the built llama-server does not run"
+  secs=$(($(date +%s) - start))
+  echo "$secs" >"$LLAMACPP_DIR/build-seconds"
+  echo "$want_bin" >"$BIN_STAMP"
+  say "llama-server built in $secs s ($(stat -c %s "$LLAMACPP_BIN") bytes)"
+fi
+
+# ---------------------------------------------------------------- 3. model
+HF_DIR="$LLAMACPP_DIR/model/qwen3-tiny"
+MODEL_STAMP="$LLAMACPP_DIR/model/.incontext-stamp"
+model_inputs=""
+for f in config.json generation_config.json tokenizer.json tokenizer_config.json; do
+  [ -f "$MODEL_DIR/$f" ] && model_inputs+="$f=$(sha "$MODEL_DIR/$f") "
+done
+want_model="${model_inputs}weights=$(sha "$WEIGHTS_PY") seed=$SEED $want_src"
+if stamp_ok "$MODEL_STAMP" "$want_model" && [ -f "$LLAMACPP_GGUF" ]; then
+  say "GGUF model already converted: $LLAMACPP_GGUF"
+else
+  rm -f "$MODEL_STAMP"
+  start=$(date +%s)
+  say "writing random weights for the tiny Qwen3 into $HF_DIR"
+  rm -rf "$HF_DIR"
+  # Offline: the model directory is complete; nothing is fetched from a model hub.
+  HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1 \
+    "$PY" "$WEIGHTS_PY" --src "$MODEL_DIR" --out "$HF_DIR" --seed "$SEED"
+  say "converting to GGUF with the vendored convert_hf_to_gguf.py"
+  CLOG="$LLAMACPP_DIR/convert.log"
+  if ! HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1 NO_LOCAL_GGUF=1 \
+      PYTHONPATH="$LLAMACPP_SRC/gguf-py" \
+      "$PY" "$LLAMACPP_SRC/convert_hf_to_gguf.py" "$HF_DIR" \
+      --outfile "$LLAMACPP_GGUF.tmp" --outtype f16 --model-name qwen3-tiny >"$CLOG" 2>&1; then
+    tail -n 30 "$CLOG" >&2
+    die "GGUF conversion failed (full log: $CLOG)"
+  fi
+  mv "$LLAMACPP_GGUF.tmp" "$LLAMACPP_GGUF"
+  echo "$want_model" >"$MODEL_STAMP"
+  say "GGUF written in $(($(date +%s) - start)) s: $LLAMACPP_GGUF ($(stat -c %s "$LLAMACPP_GGUF") bytes)"
+fi
+
+say "ready: start the server with scripts/llamacpp.sh start [port]"

@@ -64,6 +64,10 @@ CHAT = {
     "system+user": {"model": MODEL, "messages": [SYSTEM, user("Name a colour.")]},
     "tools+tool-history": {"model": MODEL, "messages": TOOL_HISTORY, "tools": TOOLS},
     "multi-turn": {"model": MODEL, "messages": MULTI_TURN},
+    # the template renders an empty think block: four more tokens, counted only if the count
+    # call gets the request's chat_template_kwargs
+    "thinking-off": {"model": MODEL, "messages": [SYSTEM, user("Name a colour.")],
+                     "chat_template_kwargs": {"enable_thinking": False}},
 }
 
 # case id -> completions prompt string

@@ -40,6 +40,13 @@ def test_chat_input_tokens_include_the_tools(llama):
     assert with_tools > bare + tool_text, (with_tools, bare, tool_text)
 
 
+def test_chat_input_tokens_apply_chat_template_kwargs(llama):
+    off = CHAT["thinking-off"]
+    default = {k: v for k, v in off.items() if k != "chat_template_kwargs"}
+    think_block = len(llama.tokenize("<think>\n\n</think>\n\n"))
+    assert llama.chat_input_tokens(off) == llama.chat_input_tokens(default) + think_block
+
+
 def test_chat_usage_counts_cached_prompt_tokens(llama):
     """OpenAI-shaped usage reports the whole prompt even when the slot's prompt cache served
     most of it (prompt_tokens_details.cached_tokens)."""
@@ -69,6 +76,13 @@ def test_tokenize_add_special_adds_nothing_for_this_model(llama):
     assert special == plain
     bos = llama.tokenize("<|endoftext|>")
     assert len(bos) == 1 and bos[0] not in plain
+
+
+def test_tokenize_reads_content_only(llama):
+    """/tokenize reads `content`; a vLLM-shaped `prompt` field is ignored and answered with no
+    tokens (HTTP 200), so a count from the wrong payload would silently be 0."""
+    assert llama.post_ok("/tokenize", {"prompt": COMPLETIONS["plain"]})["tokens"] == []
+    assert len(llama.tokenize(COMPLETIONS["plain"])) > 0
 
 
 def test_tokenize_parses_special_token_text(llama):

@@ -14,8 +14,9 @@
 #   3. model/    random weights for the tiny Qwen3 of scripts/setup-vllm.sh (same config,
 #                tokenizer and chat template; scripts/llamacpp-weights.py, torch from the vLLM
 #                virtualenv), converted to qwen3-tiny-f16.gguf by the vendored converter
-# Needs scripts/setup-vllm.sh first (its virtualenv and model directory; same overrides:
-# INCONTEXT_VLLM_VENV, INCONTEXT_VLLM_MODEL). Build parallelism: INCONTEXT_LLAMACPP_JOBS (2).
+# Runs scripts/setup-vllm.sh first (idempotent): its virtualenv and model directory are the
+# inputs (same overrides: INCONTEXT_VLLM_VENV, INCONTEXT_VLLM_MODEL).
+# Build parallelism: INCONTEXT_LLAMACPP_JOBS (default 2).
 # Start and stop the server with scripts/llamacpp.sh.
 set -euo pipefail
 
@@ -32,6 +33,9 @@ say() { printf 'setup-llamacpp: %s\n' "$*"; }
 die() { printf 'setup-llamacpp: error: %s\n' "$*" >&2; exit 1; }
 sha() { sha256sum "$1" | cut -d' ' -f1; }
 stamp_ok() { [ -f "$1" ] && [ "$(cat "$1")" = "$2" ]; }
+
+# The vLLM virtualenv and the tiny model first (quick when done).
+bash "$REPO/scripts/setup-vllm.sh" || die "scripts/setup-vllm.sh failed"
 
 [ -x "$VENV/bin/python" ] || die "no vLLM virtualenv in $VENV: run scripts/setup-vllm.sh first"
 [ -f "$MODEL_DIR/config.json" ] && [ -f "$MODEL_DIR/tokenizer.json" ] \

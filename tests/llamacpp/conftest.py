@@ -9,16 +9,13 @@
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from llamacpp_stack import (WASM, Client, LlamaServer, StackError, no_filter,  # noqa: E402
-                            plugin_config, start_envoy)
+from tests.llamacpp.stack import (WASM, Client, LlamaServer, StackError, no_filter,
+                                  plugin_config, start_envoy)
 
 HERE = Path(__file__).resolve().parent
 _TIMINGS = {}

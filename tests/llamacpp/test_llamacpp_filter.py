@@ -8,8 +8,8 @@ P must equal the prompt the server itself reports in the response's usage.
 
 import pytest
 
-from llamacpp_cases import ANTHROPIC, CHAT, COMPLETIONS, with_cap
-from llamacpp_stack import MODEL, anthropic_prompt_tokens
+from tests.llamacpp.cases import ANTHROPIC, CHAT, COMPLETIONS, with_cap
+from tests.llamacpp.stack import MODEL, anthropic_prompt_tokens
 
 
 def check_rewritten(r, prompt_tokens: int, n_ctx: int):

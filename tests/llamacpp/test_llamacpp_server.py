@@ -5,8 +5,8 @@ each count equals the server's own usage for the very same request.
 
 import pytest
 
-from llamacpp_cases import ANTHROPIC, CHAT, COMPLETIONS, TOOLS, with_cap
-from llamacpp_stack import MODEL, anthropic_prompt_tokens
+from tests.llamacpp.cases import ANTHROPIC, CHAT, COMPLETIONS, TOOLS, with_cap
+from tests.llamacpp.stack import MODEL, anthropic_prompt_tokens
 
 CTX = 512       # scripts/llamacpp.sh: --ctx-size 512 --parallel 1
 BIG_CAP = 32768

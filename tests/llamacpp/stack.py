@@ -4,7 +4,7 @@ for tests/llamacpp.
 llama-server is built from the llama.cpp sources vendored in PyPI's llama-cpp-python sdist by
 scripts/setup-llamacpp.sh and serves the tiny Qwen3 model as GGUF (`qwen3-tiny`, real Qwen3
 tokenizer and chat template, random weights) in one 512-token slot. Envoy is rendered from
-envoy/envoy.yaml by tests/e2e/e2e_envoy.py; its `vllm` cluster (the model server) points at
+envoy/envoy.yaml by tests/harness/envoy.py; its `vllm` cluster (the model server) points at
 llama-server.
 """
 
@@ -13,18 +13,16 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
 import httpx
 
+from tests.harness.envoy import WASM, Envoy, envoy_binary, free_port, no_filter  # noqa: F401
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-sys.path.insert(0, str(ROOT / "tests" / "e2e"))
-
-from e2e_envoy import WASM, Envoy, envoy_binary, free_port, no_filter  # noqa: E402,F401
 
 LLAMACPP_SH = ROOT / "scripts" / "llamacpp.sh"
 MODEL = "qwen3-tiny"        # served model alias (scripts/llamacpp.sh)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 
-from llamacpp_stack import MODEL
+from tests.llamacpp.stack import MODEL
 
 SYSTEM_TEXT = "You are a terse assistant. Answer in one line."
 SYSTEM = {"role": "system", "content": SYSTEM_TEXT}

@@ -475,24 +475,20 @@ impl Exchange {
         }
     }
 
-    /// The answer to call `token`: `status` is `None` when there was no response; `size` is
-    /// the body's full size and `body` what was read of it. `None`: not this exchange's call.
-    pub fn on_reply(
+    /// Takes the answer to call `answer.token` if it is this exchange's: a window answer is
+    /// learned (or its failure counted) here; a count answer is parsed.
+    fn take_answer(
         &mut self,
         plugin: &Plugin,
         host: &mut dyn Host,
-        token: u32,
-        status: Option<u16>,
-        size: usize,
-        body: &[u8],
-    ) -> Option<Step> {
+        answer: &Answer,
+    ) -> Option<Answered> {
         let state = std::mem::replace(&mut self.state, State::Passing);
         match state {
-            State::Window { token: t, pending } if t == token => {
-                let call = backend::window_call(&plugin.config);
-                match read(size, body, |b| {
-                    backend::parse_window(call.kind, Some(&pending.model), status, b)
-                }) {
+            State::Window { token, pending } if token == answer.token => {
+                let kind = backend::window_call(&plugin.config).kind;
+                let model = Some(pending.model.as_str());
+                match answer.read(|b| backend::parse_window(kind, model, answer.status, b)) {
                     Ok(c) => plugin.learn(host, &pending.model, c),
                     Err(failure) => {
                         host.count(Counter::Failure(failure));
@@ -502,20 +498,16 @@ impl Exchange {
                         );
                     }
                 }
-                Some(self.dispatch_count(plugin, host, pending))
+                Some(Answered::Window(pending))
             }
             State::Counting {
-                token: t,
+                token,
                 kind,
                 pending,
-            } if t == token => {
-                let counted = read(size, body, |b| {
-                    backend::parse_count(&plugin.config, kind, status, b)
-                });
-                Some(match counted {
-                    Ok(counted) => self.counted(plugin, host, pending, counted),
-                    Err(failure) => self.failed(plugin, host, failure, pending),
-                })
+            } if token == answer.token => {
+                let counted =
+                    answer.read(|b| backend::parse_count(&plugin.config, kind, answer.status, b));
+                Some(Answered::Count(pending, counted))
             }
             other => {
                 self.state = other;
@@ -524,49 +516,34 @@ impl Exchange {
         }
     }
 
-    /// The answer to a call whose request is gone (the client left, the stream was reset):
-    /// what it tells is still stored (the count, a learned window), so the next identical
-    /// request need not ask again. Nothing is decided. `false`: not this exchange's call.
-    pub fn on_late_reply(
+    /// The answer to a call. `None`: not this exchange's call.
+    pub fn on_reply(
         &mut self,
         plugin: &Plugin,
         host: &mut dyn Host,
-        token: u32,
-        status: Option<u16>,
-        size: usize,
-        body: &[u8],
-    ) -> bool {
-        let state = std::mem::replace(&mut self.state, State::Passing);
-        match state {
-            State::Window { token: t, pending } if t == token => {
-                let call = backend::window_call(&plugin.config);
-                let window = read(size, body, |b| {
-                    backend::parse_window(call.kind, Some(&pending.model), status, b)
-                });
-                match window {
-                    Ok(c) => plugin.learn(host, &pending.model, c),
-                    Err(failure) => host.count(Counter::Failure(failure)),
-                }
+        answer: &Answer,
+    ) -> Option<Step> {
+        Some(match self.take_answer(plugin, host, answer)? {
+            Answered::Window(pending) => self.dispatch_count(plugin, host, pending),
+            Answered::Count(pending, Ok(counted)) => self.counted(plugin, host, pending, counted),
+            Answered::Count(pending, Err(failure)) => self.failed(plugin, host, failure, pending),
+        })
+    }
+
+    /// The answer to a call whose request is gone (the client left, the stream was reset):
+    /// what it tells is still stored (the count, a learned window), so the next identical
+    /// request need not ask again. Nothing is decided. `false`: not this exchange's call.
+    pub fn on_late_reply(&mut self, plugin: &Plugin, host: &mut dyn Host, answer: &Answer) -> bool {
+        match self.take_answer(plugin, host, answer) {
+            None => false,
+            Some(Answered::Window(_)) => true,
+            Some(Answered::Count(pending, Ok(counted))) => {
+                self.store(plugin, host, &pending, counted);
                 true
             }
-            State::Counting {
-                token: t,
-                kind,
-                pending,
-            } if t == token => {
-                match read(size, body, |b| {
-                    backend::parse_count(&plugin.config, kind, status, b)
-                }) {
-                    Ok(counted) => {
-                        self.store(plugin, host, &pending, counted);
-                    }
-                    Err(failure) => host.count(Counter::Failure(failure)),
-                }
+            Some(Answered::Count(_, Err(failure))) => {
+                host.count(Counter::Failure(failure));
                 true
-            }
-            other => {
-                self.state = other;
-                false
             }
         }
     }
@@ -770,16 +747,31 @@ impl Exchange {
     }
 }
 
-/// Applies `parse` to a reply body that is not too large.
-fn read<T>(
-    size: usize,
-    body: &[u8],
-    parse: impl FnOnce(&[u8]) -> Result<T, Failure>,
-) -> Result<T, Failure> {
-    if size > MAX_REPLY_BYTES {
-        return Err(Failure::Contract);
+/// The answer to a tokenizer call, as the host delivered it.
+#[derive(Debug, Clone, Copy)]
+pub struct Answer<'a> {
+    pub token: u32,
+    /// The HTTP status; `None` when there was no response.
+    pub status: Option<u16>,
+    /// The body's full size; `body` is what was read of it.
+    pub size: usize,
+    pub body: &'a [u8],
+}
+
+impl Answer<'_> {
+    /// Applies `parse` to a body that is not too large.
+    fn read<T>(&self, parse: impl FnOnce(&[u8]) -> Result<T, Failure>) -> Result<T, Failure> {
+        if self.size > MAX_REPLY_BYTES {
+            return Err(Failure::Contract);
+        }
+        parse(self.body)
     }
-    parse(body)
+}
+
+/// What an answer was for.
+enum Answered {
+    Window(Box<Pending>),
+    Count(Box<Pending>, Result<Counted, Failure>),
 }
 
 impl Request {
@@ -893,8 +885,17 @@ mod tests {
 
     fn reply(p: &Plugin, host: &mut FakeHost, x: &mut Exchange, status: u16, body: &str) -> Step {
         let token = host.last_token();
-        x.on_reply(p, host, token, Some(status), body.len(), body.as_bytes())
-            .expect("the exchange's own call")
+        x.on_reply(
+            p,
+            host,
+            &Answer {
+                token: token,
+                status: Some(status),
+                size: body.len(),
+                body: body.as_bytes(),
+            },
+        )
+        .expect("the exchange's own call")
     }
 
     /// The rewritten body as JSON.
@@ -973,7 +974,16 @@ mod tests {
             let (mut x, _) = send(&p, &mut host, "/v1/chat/completions", CHAT);
             let token = host.last_token();
             let step = x
-                .on_reply(&p, &mut host, token, status, body.len(), body.as_bytes())
+                .on_reply(
+                    &p,
+                    &mut host,
+                    &Answer {
+                        token: token,
+                        status,
+                        size: body.len(),
+                        body: body.as_bytes(),
+                    },
+                )
                 .unwrap();
             let v = rewritten(step);
             let estimate = crate::estimate::estimate(&[r#"[{"role":"user","content":"hi"}]"#]);
@@ -991,8 +1001,17 @@ mod tests {
         let (mut x, _) = send(&p, &mut host, "/v1/chat/completions", CHAT);
         let token = host.last_token();
         let ok = br#"{"count":4,"max_model_len":512}"#;
-        x.on_reply(&p, &mut host, token, Some(200), MAX_REPLY_BYTES + 1, ok)
-            .unwrap();
+        x.on_reply(
+            &p,
+            &mut host,
+            &Answer {
+                token: token,
+                status: Some(200),
+                size: MAX_REPLY_BYTES + 1,
+                body: ok,
+            },
+        )
+        .unwrap();
         assert!(host.has(Counter::Failure(Failure::Contract)));
         // A refused dispatch.
         let mut host = FakeHost {
@@ -1011,7 +1030,16 @@ mod tests {
         let (mut x, _) = send(&p, &mut host, "/v1/chat/completions", CHAT);
         let other = host.last_token() + 7;
         assert!(x
-            .on_reply(&p, &mut host, other, Some(200), 0, b"")
+            .on_reply(
+                &p,
+                &mut host,
+                &Answer {
+                    token: other,
+                    status: Some(200),
+                    size: 0,
+                    body: b""
+                }
+            )
             .is_none());
         assert!(x.waiting(), "an unknown token leaves the call out");
         // Trailers instead of an end-of-stream body: not budgeted.
@@ -1149,7 +1177,18 @@ mod tests {
         let mut host = FakeHost::default();
         let (mut z, _) = send(&p, &mut host, "/v1/chat/completions", CHAT);
         let token = host.last_token();
-        let step = z.on_reply(&p, &mut host, token, Some(500), 0, b"").unwrap();
+        let step = z
+            .on_reply(
+                &p,
+                &mut host,
+                &Answer {
+                    token: token,
+                    status: Some(500),
+                    size: 0,
+                    body: b"",
+                },
+            )
+            .unwrap();
         assert!(!matches!(step, Step::Done(Outcome::Reply(_))));
     }
 

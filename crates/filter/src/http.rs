@@ -5,7 +5,7 @@ use super::abi::{self, CONTINUE, PAUSE};
 use super::host::{self, BufferType, MapType};
 use super::Shared;
 use incontext_core::flow::{
-    BodyStep, Call, Counter, Exchange, Head, HeadStep, Host, Outcome, Step, MAX_REPLY_BYTES,
+    Answer, BodyStep, Call, Counter, Exchange, Head, HeadStep, Host, Outcome, Step, MAX_REPLY_BYTES,
 };
 use std::rc::Rc;
 
@@ -48,11 +48,21 @@ impl Host for Env<'_> {
 }
 
 /// A tokenizer answer as read from the host.
-#[derive(Default)]
 pub struct CallReply {
     status: Option<u16>,
     size: usize,
     body: Vec<u8>,
+}
+
+impl CallReply {
+    fn answer(&self, token: u32) -> Answer<'_> {
+        Answer {
+            token,
+            status: self.status,
+            size: self.size,
+            body: &self.body,
+        }
+    }
 }
 
 pub struct Http {
@@ -73,6 +83,14 @@ impl Http {
             id,
             root,
             exchange: Exchange::new(),
+        }
+    }
+
+    fn env<'a>(&self, shared: &'a Shared) -> Env<'a> {
+        Env {
+            shared,
+            stream: self.id,
+            root: self.root,
         }
     }
 
@@ -132,19 +150,11 @@ impl Http {
         let Some(shared) = self.shared.clone() else {
             return;
         };
-        let mut env = Env {
-            shared: &shared,
-            stream: self.id,
-            root: self.root,
-        };
-        let Some(step) = self.exchange.on_reply(
-            &shared.plugin,
-            &mut env,
-            token,
-            reply.status,
-            reply.size,
-            &reply.body,
-        ) else {
+        let mut env = self.env(&shared);
+        let Some(step) = self
+            .exchange
+            .on_reply(&shared.plugin, &mut env, &reply.answer(token))
+        else {
             return;
         };
         if !self.apply(&mut env, step) {
@@ -159,30 +169,16 @@ impl Http {
         let Some(shared) = self.shared.clone() else {
             return;
         };
-        let mut env = Env {
-            shared: &shared,
-            stream: self.id,
-            root: self.root,
-        };
-        self.exchange.on_late_reply(
-            &shared.plugin,
-            &mut env,
-            token,
-            reply.status,
-            reply.size,
-            &reply.body,
-        );
+        let mut env = self.env(&shared);
+        self.exchange
+            .on_late_reply(&shared.plugin, &mut env, &reply.answer(token));
     }
 
     pub fn on_request_headers(&mut self, end_of_stream: bool) -> u32 {
         let Some(shared) = self.shared.clone() else {
             return CONTINUE;
         };
-        let mut env = Env {
-            shared: &shared,
-            stream: self.id,
-            root: self.root,
-        };
+        let mut env = self.env(&shared);
         let read = |name| header(MapType::RequestHeaders, name);
         let (Ok(method), Ok(path), Ok(encoding), Ok(length)) = (
             read(":method"),
@@ -220,11 +216,7 @@ impl Http {
         let Some(shared) = self.shared.clone() else {
             return CONTINUE;
         };
-        let mut env = Env {
-            shared: &shared,
-            stream: self.id,
-            root: self.root,
-        };
+        let mut env = self.env(&shared);
         match self
             .exchange
             .on_body_chunk(&shared.plugin, &mut env, body_size, end_of_stream)
@@ -251,11 +243,7 @@ impl Http {
 
     pub fn on_request_trailers(&mut self) -> u32 {
         if let Some(shared) = self.shared.clone() {
-            self.exchange.on_trailers(&mut Env {
-                shared: &shared,
-                stream: self.id,
-                root: self.root,
-            });
+            self.exchange.on_trailers(&mut self.env(&shared));
         }
         CONTINUE
     }

@@ -889,7 +889,7 @@ mod tests {
             p,
             host,
             &Answer {
-                token: token,
+                token,
                 status: Some(status),
                 size: body.len(),
                 body: body.as_bytes(),
@@ -978,7 +978,7 @@ mod tests {
                     &p,
                     &mut host,
                     &Answer {
-                        token: token,
+                        token,
                         status,
                         size: body.len(),
                         body: body.as_bytes(),
@@ -1005,7 +1005,7 @@ mod tests {
             &p,
             &mut host,
             &Answer {
-                token: token,
+                token,
                 status: Some(200),
                 size: MAX_REPLY_BYTES + 1,
                 body: ok,
@@ -1182,7 +1182,7 @@ mod tests {
                 &p,
                 &mut host,
                 &Answer {
-                    token: token,
+                    token,
                     status: Some(500),
                     size: 0,
                     body: b"",

@@ -12,7 +12,11 @@
 //!   byte-identical (key, spacing and value) and in the same order, the text before the first
 //!   member and after the last one is kept, and rewriting the output again with the same count
 //!   gives the identical bytes;
-//! * a rejection body is the OpenAI-style error; the tokenize payload, when built, is JSON.
+//! * a rejection body is the OpenAI-style error; the tokenize payload, when built, is JSON;
+//! * the same body as an Anthropic Messages request (docs/spec.md §10): a rewrite has exactly
+//!   one `max_tokens`, equal to the value, keeps every other member but `thinking` byte for
+//!   byte, and leaves an enabled thinking budget below the new cap; a rejection is Anthropic's
+//!   "prompt is too long" error.
 #![no_main]
 
 mod common;
@@ -21,7 +25,7 @@ use common::{has_surrogate_escape, is_cap_field, json_value, ref_cap, show, CAP_
 use incontext_core::config::Config;
 use incontext_core::plan::{decide, Count, Decision, Outcome, Source};
 use incontext_core::reason::Reason;
-use incontext_core::request::{analyze, Counting, Form, Request};
+use incontext_core::request::{analyze, analyze_at, Counting, Endpoint, Form, Request};
 use incontext_core::json::scan::{scan, Member};
 use incontext_core::tokenize::{cache_key, payload};
 use libfuzzer_sys::fuzz_target;
@@ -552,4 +556,57 @@ fn check(data: &[u8]) {
     }
 }
 
-fuzz_target!(|data: &[u8]| check(data));
+/// The body as an Anthropic Messages request.
+fn check_messages(body: &[u8], s: &Setup) {
+    let config = &configs()[s.kind];
+    let Ok(req) = analyze_at(body, config, Endpoint::Messages) else {
+        return;
+    };
+    if req.validate(body).is_err() {
+        return;
+    }
+    let d = decide(&req, body, config, s.count, s.learned);
+    match d.outcome {
+        Outcome::Rewrite { edit, value } => {
+            let out = edit.apply(body);
+            // Valid JSON; `None` where serde_json cannot hold it (a lone surrogate escape).
+            let v = json_value(&out).expect("rewritten body is JSON");
+            let members = scan(&out).expect("rewritten body is an object");
+            let caps: Vec<&Member> = members.iter().filter(|m| m.key == "max_tokens").collect();
+            assert_eq!(caps.len(), 1, "one max_tokens: {}", show(&out));
+            assert_eq!(&out[caps[0].value.clone()], value.to_string().as_bytes());
+            let others = |text: &[u8]| -> Vec<(String, Vec<u8>)> {
+                scan(text)
+                    .expect("object")
+                    .into_iter()
+                    .filter(|m| m.key != "max_tokens" && m.key != "thinking")
+                    .map(|m| (m.key.clone(), text[m.value.clone()].to_vec()))
+                    .collect()
+            };
+            assert_eq!(others(body), others(&out), "members kept: {}", show(body));
+            let thinking = v.as_ref().and_then(|v| v.get("thinking"));
+            let enabled = thinking.and_then(|t| t.get("type")) == Some(&Value::from("enabled"));
+            if let Some(budget) = thinking
+                .and_then(|t| t.get("budget_tokens"))
+                .and_then(Value::as_u64)
+                .filter(|_| enabled)
+            {
+                assert!(budget < value, "budget {budget} >= max_tokens {value}: {}", show(&out));
+            }
+        }
+        Outcome::Reject { body: e } => {
+            let v: Value = serde_json::from_slice(&e).expect("reject body is JSON");
+            assert_eq!(v["type"], "error");
+            let message = v["error"]["message"].as_str().expect("a message");
+            assert!(message.starts_with("prompt is too long: "), "{message}");
+        }
+        Outcome::Unchanged(_) => {}
+    }
+}
+
+fuzz_target!(|data: &[u8]| {
+    check(data);
+    if data.len() >= 6 {
+        check_messages(&data[6..], &setup(&data[..6]));
+    }
+});

@@ -1,0 +1,127 @@
+"""Shared pieces of the client suite: the real vLLM and Envoy + incontext (tests/vllm's stack),
+prompt sizing for both dialects, and the header checks every test makes.
+
+The clients are the official `openai` and `anthropic` SDKs and LiteLLM, used as an agent uses
+them: pointed at Envoy's address, nothing patched.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Callable, Optional, Tuple
+
+# LiteLLM fetches its model price list from the internet at import unless told to use the copy
+# it ships; the tests reach loopback only.
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+os.environ.setdefault("LITELLM_TELEMETRY", "False")
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+for sub in ("vllm", "e2e"):
+    p = str(ROOT / "tests" / sub)
+    if p not in sys.path:
+        sys.path.insert(0, p)
+
+import httpx  # noqa: E402
+
+from vllm_stack import C, F, MODEL, R, StackError, Vllm, fit_messages  # noqa: E402,F401
+
+FILLER = " a"   # one Qwen3 token per repetition
+BIG = 32768     # the output cap agents send, far above the 512-token window
+
+# Two OpenAI tools and a conversation that has called both (for the chat tests).
+TOOLS = [
+    {"type": "function", "function": {
+        "name": "get_weather", "description": "Current weather for a city.",
+        "parameters": {"type": "object", "properties": {
+            "city": {"type": "string"}, "unit": {"type": "string", "enum": ["C", "F"]}},
+            "required": ["city"]}}},
+    {"type": "function", "function": {
+        "name": "get_time", "description": "Local time in a time zone.",
+        "parameters": {"type": "object", "properties": {"tz": {"type": "string"}},
+                       "required": ["tz"]}}},
+]
+
+
+def tool_history(filler):
+    return [
+        {"role": "system", "content": "You answer with the tools when you can."},
+        {"role": "user", "content": "Weather in Paris, and the time in Tokyo?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function",
+             "function": {"name": "get_weather", "arguments": json.dumps({"city": "Paris"})}},
+            {"id": "call_2", "type": "function",
+             "function": {"name": "get_time", "arguments": json.dumps({"tz": "Asia/Tokyo"})}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "18 C, light rain"},
+        {"role": "tool", "tool_call_id": "call_2", "content": "21:04"},
+        {"role": "user", "content": f"Now compare both and explain:{filler}"},
+    ]
+
+
+def fit_chat(vllm: Vllm, target: int, build: Callable[[str], list], **extra) -> Tuple[list, int]:
+    """Chat messages (``build(filler)``) whose prompt, rendered with ``extra`` (e.g. tools),
+    is exactly ``target`` tokens by vLLM's own /tokenize."""
+    base = vllm.count_chat(build(""), **extra)
+    if base > target:
+        raise StackError(f"the prompt without filler has {base} tokens > {target}")
+    n, got = target - base, base
+    for _ in range(8):
+        msgs = build(FILLER * n)
+        got = vllm.count_chat(msgs, **extra)
+        if got == target:
+            return msgs, got
+        n += target - got
+        if n < 0:
+            break
+    raise StackError(f"could not size a prompt to {target} tokens (last {got})")
+
+
+def count_anthropic(vllm: Vllm, request: dict) -> int:
+    """vLLM's own Anthropic count of ``request`` (its /v1/messages/count_tokens)."""
+    body = {k: v for k, v in request.items() if k not in ("max_tokens", "stream")}
+    body.setdefault("model", MODEL)
+    r = httpx.post(vllm.url + "/v1/messages/count_tokens", json=body, timeout=60)
+    if r.status_code != 200:
+        raise StackError(f"/v1/messages/count_tokens answered {r.status_code}: {r.text[:300]}")
+    return r.json()["input_tokens"]
+
+
+def fit_anthropic(vllm: Vllm, target: int, build: Callable[[str], dict]) -> Tuple[dict, int]:
+    """An Anthropic request (``build(filler)`` -> system/messages/tools) whose input is exactly
+    ``target`` tokens by vLLM's own counter."""
+    base = count_anthropic(vllm, build(""))
+    if base > target:
+        raise StackError(f"the request without filler has {base} tokens > {target}")
+    n = target - base
+    got = base
+    for _ in range(8):
+        req = build(FILLER * n)
+        got = count_anthropic(vllm, req)
+        if got == target:
+            return req, got
+        n += target - got
+        if n < 0:
+            break
+    raise StackError(f"could not size an Anthropic request to {target} tokens (last {got})")
+
+
+def incontext(headers) -> dict:
+    """The x-incontext-* response headers (lower-case names)."""
+    return {k.lower(): v for k, v in headers.items() if k.lower().startswith("x-incontext-")}
+
+
+def int_header(headers, name: str) -> Optional[int]:
+    v = headers.get(name)
+    return int(v) if v is not None else None
+
+
+def assert_rewritten_exact(headers, prompt_tokens: int, what=""):
+    """The filter counted exactly, rewrote the cap to the rest of the window."""
+    h = incontext(headers)
+    assert h.get("x-incontext-action") == "rewritten", (what, h)
+    assert h.get("x-incontext-source") == "exact", (what, h)
+    assert int_header(headers, "x-incontext-prompt-tokens") == prompt_tokens, (what, h)
+    assert int_header(headers, "x-incontext-max-tokens") == C - prompt_tokens, (what, h)

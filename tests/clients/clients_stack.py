@@ -26,8 +26,10 @@ for sub in ("vllm", "e2e"):
         sys.path.insert(0, p)
 
 import httpx  # noqa: E402
+import pytest  # noqa: E402
 
-from vllm_stack import C, F, MODEL, R, StackError, Vllm, fit_messages  # noqa: E402,F401
+from e2e_envoy import Envoy, envoy_binary, no_filter  # noqa: E402
+from vllm_stack import C, F, MODEL, R, StackError, Vllm, fit_messages, plugin_config  # noqa: E402,F401
 
 FILLER = " a"   # one Qwen3 token per repetition
 BIG = 32768     # the output cap agents send, far above the 512-token window
@@ -59,6 +61,38 @@ def tool_history(filler):
         {"role": "tool", "tool_call_id": "call_2", "content": "21:04"},
         {"role": "user", "content": f"Now compare both and explain:{filler}"},
     ]
+
+
+class Stack:
+    """Envoys in front of one vLLM, one per named plugin configuration (tests/vllm's base
+    configuration plus ``changes``), started on first use."""
+
+    def __init__(self, vllm: Vllm, workdir: Path):
+        self.vllm = vllm
+        self.workdir = workdir
+        self.envoys = {}
+
+    def envoy(self, name: str, *, extra_clusters=(), **changes) -> Envoy:
+        env = self.envoys.get(name)
+        if env is not None and env.alive():
+            return env
+        binary = envoy_binary()
+        if not binary:
+            pytest.fail("Envoy binary not found: run scripts/setup.sh (or set ENVOY_BIN)",
+                        pytrace=False)
+        cfg = plugin_config(self.vllm.port, **changes)
+        try:
+            env = Envoy(binary, self.workdir, cfg, ("127.0.0.1", self.vllm.port),
+                        remove_filter=no_filter(), extra_clusters=extra_clusters,
+                        name=f"envoy-{name}").start()
+        except Exception as e:  # noqa: BLE001 - any failure to start Envoy fails the test
+            pytest.fail(f"Envoy ({name}) could not be started: {e}", pytrace=False)
+        self.envoys[name] = env
+        return env
+
+    def stop(self):
+        for env in self.envoys.values():
+            env.stop()
 
 
 def fit_chat(vllm: Vllm, target: int, build: Callable[[str], list], **extra) -> Tuple[list, int]:
@@ -125,3 +159,33 @@ def assert_rewritten_exact(headers, prompt_tokens: int, what=""):
     assert h.get("x-incontext-source") == "exact", (what, h)
     assert int_header(headers, "x-incontext-prompt-tokens") == prompt_tokens, (what, h)
     assert int_header(headers, "x-incontext-max-tokens") == C - prompt_tokens, (what, h)
+
+
+# --- Anthropic Messages ------------------------------------------------------------------
+# Two Anthropic tools and a conversation that has used both (tool_use / tool_result blocks).
+ANTHROPIC_TOOLS = [
+    {"name": "get_weather", "description": "Current weather for a city.",
+     "input_schema": {"type": "object", "properties": {
+         "city": {"type": "string"}, "unit": {"type": "string", "enum": ["C", "F"]}},
+         "required": ["city"]}},
+    {"name": "get_time", "description": "Local time in a time zone.",
+     "input_schema": {"type": "object", "properties": {"tz": {"type": "string"}},
+                      "required": ["tz"]}},
+]
+
+
+def anthropic_tool_history(filler: str) -> list:
+    return [
+        {"role": "user", "content": "Weather in Paris, and the time in Tokyo?"},
+        {"role": "assistant", "content": [
+            {"type": "text", "text": "Checking both."},
+            {"type": "tool_use", "id": "toolu_01", "name": "get_weather",
+             "input": {"city": "Paris"}},
+            {"type": "tool_use", "id": "toolu_02", "name": "get_time",
+             "input": {"tz": "Asia/Tokyo"}}]},
+        {"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "toolu_01", "content": "18 C, light rain"},
+            {"type": "tool_result", "tool_use_id": "toolu_02",
+             "content": [{"type": "text", "text": "21:04"}]},
+            {"type": "text", "text": f"Now compare both and explain:{filler}"}]},
+    ]

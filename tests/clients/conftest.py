@@ -19,42 +19,12 @@ from pathlib import Path
 import pytest
 
 import clients_stack  # noqa: F401  (sets the LiteLLM offline switches before any import)
-from clients_stack import C, StackError, Vllm
+from clients_stack import C, Stack, StackError, Vllm
 from e2e_envoy import WASM, Envoy, envoy_binary, no_filter
 from e2e_upstream import Upstream
-from vllm_stack import plugin_config
 
 HERE = Path(__file__).resolve().parent
 _T = {}
-
-
-class Stack:
-    def __init__(self, vllm: Vllm, workdir: Path):
-        self.vllm = vllm
-        self.workdir = workdir
-        self.envoys = {}
-
-    def envoy(self, name: str, *, extra_clusters=(), **changes) -> Envoy:
-        env = self.envoys.get(name)
-        if env is not None and env.alive():
-            return env
-        binary = envoy_binary()
-        if not binary:
-            pytest.fail("Envoy binary not found: run scripts/setup.sh (or set ENVOY_BIN)",
-                        pytrace=False)
-        cfg = plugin_config(self.vllm.port, **changes)
-        try:
-            env = Envoy(binary, self.workdir, cfg, ("127.0.0.1", self.vllm.port),
-                        remove_filter=no_filter(), extra_clusters=extra_clusters,
-                        name=f"envoy-{name}").start()
-        except Exception as e:  # noqa: BLE001 - any failure to start Envoy fails the test
-            pytest.fail(f"Envoy ({name}) could not be started: {e}", pytrace=False)
-        self.envoys[name] = env
-        return env
-
-    def stop(self):
-        for env in self.envoys.values():
-            env.stop()
 
 
 @pytest.fixture(scope="session")

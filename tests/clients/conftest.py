@@ -6,7 +6,7 @@ Envoy + incontext in front, and the official SDKs / LiteLLM pointed at Envoy.
   reuse a running one (then left running). If it cannot start, every test FAILS.
 * ``stack.envoy(name, **changes)``: one Envoy per plugin configuration (tests/vllm's base
   configuration: context_length 512, R 64, F 32), started on first use.
-* ``faults``: a scripted counter (tests/e2e/e2e_upstream.py) answering 500, garbage or slowly,
+* ``faults``: a scripted counter (tests/harness/upstream.py) answering 500, garbage or slowly,
   for the counter-failure tests: the only fake server here, used for fault injection only.
 """
 
@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-import clients_stack  # noqa: F401  (sets the LiteLLM offline switches before any import)
-from clients_stack import C, Stack, StackError, Vllm
-from e2e_envoy import WASM, Envoy, envoy_binary, no_filter
-from e2e_upstream import Upstream
+import tests.clients.stack  # noqa: F401  (sets the LiteLLM offline switches before any import)
+from tests.clients.stack import C, Stack, StackError, Vllm
+from tests.harness.envoy import WASM, Envoy, envoy_binary, no_filter
+from tests.harness.upstream import Upstream
 
 HERE = Path(__file__).resolve().parent
 _T = {}

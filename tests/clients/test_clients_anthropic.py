@@ -1,4 +1,4 @@
-"""The official Anthropic SDK against vLLM's /v1/messages through Envoy + incontext (SPEC §10),
+"""The official Anthropic SDK against vLLM's /v1/messages through Envoy + incontext (docs/spec.md §10),
 as Claude-Code-style agents call it: max_tokens 32000 or 64000 whatever the window.
 
 Straight to vLLM 0.32 each of these requests fails (400: the cap is above max_model_len=512);
@@ -10,8 +10,9 @@ import anthropic
 import httpx
 import pytest
 
-from clients_stack import (ANTHROPIC_TOOLS, C, MODEL, R, anthropic_tool_history, assert_rewritten_exact,
-                           count_anthropic, fit_anthropic, incontext, int_header)
+from tests.clients.stack import (ANTHROPIC_TOOLS, C, MODEL, R, anthropic_tool_history,
+                                assert_rewritten_exact, count_anthropic, fit_anthropic, incontext,
+                                input_tokens, int_header)
 
 
 def sdk(url: str) -> anthropic.Anthropic:
@@ -66,8 +67,8 @@ def test_messages_served_inside_the_window(vllm, envoy, case):
         model=MODEL, max_tokens=max_tokens, extra_body={"temperature": 0}, **request)
     msg = raw.parse()
     assert_rewritten_exact(raw.headers, p, case)
-    assert msg.usage.input_tokens == p
-    assert msg.usage.input_tokens + msg.usage.output_tokens <= C, msg.usage
+    assert input_tokens(msg.usage) == p
+    assert input_tokens(msg.usage) + msg.usage.output_tokens <= C, msg.usage
     assert msg.stop_reason in ("end_turn", "max_tokens", "tool_use"), msg.stop_reason
 
 
@@ -88,10 +89,10 @@ def test_streaming_final_usage(vllm, envoy):
     assert types[0] == "message_start" and types[-1] == "message_stop", types
     start = events[0].message.usage
     final = [e.usage for e in events if e.type == "message_delta"][-1]
-    assert int_header(headers, "x-incontext-prompt-tokens") == start.input_tokens == p
+    assert int_header(headers, "x-incontext-prompt-tokens") == input_tokens(start) == p
     assert_rewritten_exact(headers, p, "stream")
     assert 0 < final.output_tokens <= C - p, final
-    assert start.input_tokens + final.output_tokens <= C
+    assert input_tokens(start) + final.output_tokens <= C
 
 
 def test_thinking_budget_with_no_valid_value_in_this_window(vllm, envoy):
@@ -136,7 +137,7 @@ def test_counter_failure_estimates_and_serves(vllm, faulty_envoy, faults, fault)
     h = incontext(raw.headers)
     assert h.get("x-incontext-source") == "estimate", h
     assert h.get("x-incontext-action") == "rewritten", h
-    assert msg.usage.input_tokens == p
+    assert input_tokens(msg.usage) == p
     assert len(faults.tokenizer.snapshot()) >= 1, "the counter was never asked"
 
 

@@ -1,7 +1,7 @@
 """Hostile /v1/messages bodies over raw HTTP through Envoy + incontext to the real vLLM: each
 has one defined outcome, nothing is lost, and Envoy never answers 5xx.
 
-A missing, zero, string or huge max_tokens is a caller cap the filter reads as SPEC §3 says
+A missing, zero, string or huge max_tokens is a caller cap the filter reads as docs/spec.md §3 says
 (absent / invalid → no cap, "512" → 512, huge → saturated) and rewrites to the rest of the
 window, so vLLM serves requests it refuses when sent directly. Bodies the filter does not
 budget (messages not an array) or cannot count (content blocks of unknown types, a 5 MB prompt
@@ -13,7 +13,7 @@ import json
 import httpx
 import pytest
 
-from clients_stack import C, MODEL, fit_anthropic, incontext, int_header
+from tests.clients.stack import C, MODEL, fit_anthropic, incontext, input_tokens, int_header
 
 
 def post(url, body, raw=None):
@@ -57,8 +57,8 @@ def test_odd_max_tokens_rewritten_into_the_window(vllm, envoy, case):
     assert int_header(via.headers, "x-incontext-prompt-tokens") == p, h
     assert int_header(via.headers, "x-incontext-max-tokens") == C - p, h
     usage = via.json()["usage"]
-    assert usage["input_tokens"] == p
-    assert usage["input_tokens"] + usage["output_tokens"] <= C
+    assert input_tokens(usage) == p
+    assert input_tokens(usage) + usage["output_tokens"] <= C
 
 
 def test_messages_not_an_array_passes_to_vllm(vllm, envoy):

@@ -5,7 +5,7 @@ refuses max_tokens above its window, so no thinking request is valid in the 512-
 of the other tests (test_clients_anthropic.py checks the filter leaves those alone). Here the
 window leaves room for one: max_tokens 32000 with budget_tokens 2000 is refused by vLLM when
 sent directly; through the filter max_tokens becomes the rest of the window and the budget is
-lowered below it (SPEC §10), and vLLM serves the request.
+lowered below it (docs/spec.md §10), and vLLM serves the request.
 """
 
 import time
@@ -13,7 +13,7 @@ import time
 import anthropic
 import pytest
 
-from clients_stack import MODEL, Stack, StackError, Vllm, fit_anthropic
+from tests.clients.stack import MODEL, Stack, StackError, Vllm, fit_anthropic, input_tokens
 
 WIDE = 2048
 
@@ -64,6 +64,6 @@ def test_thinking_budget_lowered_below_the_new_max_tokens(wide):
     h = {k: v for k, v in raw.headers.items() if k.startswith("x-incontext")}
     assert h.get("x-incontext-action") == "rewritten", h
     assert h.get("x-incontext-source") == "exact", h
-    assert int(h["x-incontext-prompt-tokens"]) == msg.usage.input_tokens == p, h
+    assert int(h["x-incontext-prompt-tokens"]) == input_tokens(msg.usage) == p, h
     assert int(h["x-incontext-max-tokens"]) == WIDE - p, h
-    assert msg.usage.input_tokens + msg.usage.output_tokens <= WIDE, msg.usage
+    assert input_tokens(msg.usage) + msg.usage.output_tokens <= WIDE, msg.usage

@@ -8,13 +8,13 @@ answered by the filter and reaches LiteLLM as ContextWindowExceededError, the er
 condense their history on, and the OpenAI SDK as BadRequestError code context_length_exceeded.
 """
 
-import clients_stack  # noqa: F401  (LiteLLM offline switches, before importing it)
+import tests.clients.stack  # noqa: F401,I001  (LiteLLM offline switches, before importing it)
 
 import litellm
 import openai
 import pytest
 
-from clients_stack import BIG, C, MODEL, R, TOOLS, fit_chat, fit_messages, tool_history
+from tests.clients.stack import BIG, C, MODEL, R, TOOLS, fit_chat, fit_messages, tool_history
 
 LITELLM_MODEL = f"openai/{MODEL}"
 

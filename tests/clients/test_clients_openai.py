@@ -9,7 +9,7 @@ prompt + completion fits the window.
 import openai
 import pytest
 
-from clients_stack import (BIG, C, MODEL, TOOLS, assert_rewritten_exact, fit_chat, fit_messages,
+from tests.clients.stack import (BIG, C, MODEL, TOOLS, assert_rewritten_exact, fit_chat, fit_messages,
                            int_header, tool_history)
 
 

@@ -6,7 +6,7 @@ is refused the same way."""
 import openai
 import pytest
 
-from clients_stack import BIG, C, MODEL, incontext
+from tests.clients.stack import BIG, C, MODEL, incontext
 
 
 def sdk(url):

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 from typing import Callable, Optional, Tuple
 
@@ -18,18 +17,12 @@ from typing import Callable, Optional, Tuple
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("LITELLM_TELEMETRY", "False")
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
-for sub in ("vllm", "e2e"):
-    p = str(ROOT / "tests" / sub)
-    if p not in sys.path:
-        sys.path.insert(0, p)
-
 import httpx  # noqa: E402
 import pytest  # noqa: E402
 
-from e2e_envoy import Envoy, envoy_binary, no_filter  # noqa: E402
-from vllm_stack import C, F, MODEL, R, StackError, Vllm, fit_messages, plugin_config  # noqa: E402,F401
+from tests.harness.envoy import Envoy, envoy_binary, no_filter  # noqa: E402
+from tests.vllm.stack import (C, F, MODEL, R, StackError, Vllm, fit_messages,  # noqa: E402,F401
+                              plugin_config)
 
 FILLER = " a"   # one Qwen3 token per repetition
 BIG = 32768     # the output cap agents send, far above the 512-token window
@@ -172,6 +165,13 @@ ANTHROPIC_TOOLS = [
      "input_schema": {"type": "object", "properties": {"tz": {"type": "string"}},
                       "required": ["tz"]}},
 ]
+
+
+def input_tokens(usage) -> int:
+    """All the prompt tokens of an Anthropic usage object (SDK object or dict): vLLM reports
+    the part served from its prefix cache apart, as cache_read_input_tokens."""
+    get = usage.get if isinstance(usage, dict) else (lambda k: getattr(usage, k, None))
+    return get("input_tokens") + (get("cache_read_input_tokens") or 0)
 
 
 def anthropic_tool_history(filler: str) -> list:

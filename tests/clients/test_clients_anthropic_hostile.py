@@ -1,11 +1,13 @@
 """Hostile /v1/messages bodies over raw HTTP through Envoy + incontext to the real vLLM: each
 has one defined outcome, nothing is lost, and Envoy never answers 5xx.
 
-A missing, zero, string or huge max_tokens is a caller cap the filter reads as docs/spec.md §3 says
-(absent / invalid → no cap, "512" → 512, huge → saturated) and rewrites to the rest of the
-window, so vLLM serves requests it refuses when sent directly. Bodies the filter does not
-budget (messages not an array) or cannot count (content blocks of unknown types, a 5 MB prompt
-far beyond the window) reach vLLM unchanged and get vLLM's own answer.
+A string or huge max_tokens is a caller cap the filter reads as docs/spec.md §3 says ("512" →
+512, huge → saturated) and rewrites to the rest of the window, so vLLM serves requests it
+refuses or clamps when sent directly. Anthropic requires max_tokens: without a valid one
+(missing, 0) there is nothing to budget, and the request reaches vLLM unchanged (`no_cap`) for
+vLLM's own 400. Bodies the filter does not budget (messages not an array) or cannot count
+(content blocks of unknown types, a 5 MB prompt far beyond the window) also reach vLLM unchanged
+and get vLLM's own answer.
 """
 
 import json
@@ -29,10 +31,12 @@ def near_window(vllm, nonce):
 
 
 CAPS = {
-    "missing": (None, "Field required"),
-    "zero": (0, "max_tokens must be positive"),
     "string-512": ("512", None),           # vLLM 0.32 parses it and clamps silently
     "huge": (10 ** 30, "cannot be greater than max_model_len"),
+}
+NO_CAP = {
+    "missing": (None, "Field required"),
+    "zero": (0, "max_tokens must be positive"),
 }
 
 
@@ -40,9 +44,7 @@ CAPS = {
 def test_odd_max_tokens_rewritten_into_the_window(vllm, envoy, case):
     value, vllm_error = CAPS[case]
     request, p = near_window(vllm, f"hostile-{case}")
-    body = {"model": MODEL, **request}
-    if value is not None:
-        body["max_tokens"] = value
+    body = {"model": MODEL, "max_tokens": value, **request}
     direct = post(vllm.url, body)
     if vllm_error:
         assert direct.status_code == 400 and vllm_error in direct.text, direct.text[:300]
@@ -59,6 +61,21 @@ def test_odd_max_tokens_rewritten_into_the_window(vllm, envoy, case):
     usage = via.json()["usage"]
     assert input_tokens(usage) == p
     assert input_tokens(usage) + usage["output_tokens"] <= C
+
+
+@pytest.mark.parametrize("case", sorted(NO_CAP))
+def test_no_valid_max_tokens_passes_to_vllm(vllm, envoy, case):
+    value, vllm_error = NO_CAP[case]
+    request, p = near_window(vllm, f"hostile-{case}")
+    body = {"model": MODEL, **request}
+    if value is not None:
+        body["max_tokens"] = value
+    direct = post(vllm.url, body)
+    via = post(envoy.url, body)
+    assert direct.status_code == 400 and vllm_error in direct.text, direct.text[:300]
+    assert incontext(via.headers).get("x-incontext-action") == "unchanged:no_cap", \
+        incontext(via.headers)
+    assert via.status_code == 400 and via.json() == direct.json(), via.text[:300]
 
 
 def test_messages_not_an_array_passes_to_vllm(vllm, envoy):

@@ -19,10 +19,18 @@ WIDE = 2048
 
 
 class WideVllm(Vllm):
+    """max_model_len 2048, and Qwen3's reasoning parser: vLLM only accepts a thinking budget
+    when a reasoning parser is configured."""
+
     def _env(self):
         env = super()._env()
         env["INCONTEXT_VLLM_MAX_MODEL_LEN"] = str(WIDE)
         return env
+
+    def _run(self, *args, **kw):
+        if args and args[0] == "start":
+            args = (*args, "--reasoning-parser", "qwen3")
+        return super()._run(*args, **kw)
 
 
 @pytest.fixture(scope="module")

@@ -96,7 +96,8 @@ def faulty_envoy(stack, faults) -> Envoy:
 def pytest_collection_modifyitems(config, items):
     """A hang must fail the test, not the run (the first test also waits for vLLM)."""
     for item in items:
-        if Path(str(item.fspath)).resolve().parent == HERE and not item.get_closest_marker("timeout"):
+        here = Path(str(item.fspath)).resolve().parent == HERE
+        if here and not item.get_closest_marker("timeout"):
             item.add_marker(pytest.mark.timeout(600))
 
 

@@ -41,8 +41,10 @@ TOOLS = [
 ]
 
 
-def tool_history(filler):
-    return [
+def tool_history(nonce: str) -> Callable[[str], list]:
+    """``build(filler)`` for fit_chat: the conversation, unique per ``nonce`` (each test its
+    own prompt, so none is counted from another's cache entry)."""
+    return lambda filler: [
         {"role": "system", "content": "You answer with the tools when you can."},
         {"role": "user", "content": "Weather in Paris, and the time in Tokyo?"},
         {"role": "assistant", "content": None, "tool_calls": [
@@ -52,7 +54,7 @@ def tool_history(filler):
              "function": {"name": "get_time", "arguments": json.dumps({"tz": "Asia/Tokyo"})}}]},
         {"role": "tool", "tool_call_id": "call_1", "content": "18 C, light rain"},
         {"role": "tool", "tool_call_id": "call_2", "content": "21:04"},
-        {"role": "user", "content": f"Now compare both and explain:{filler}"},
+        {"role": "user", "content": f"Now compare both and explain ({nonce}):{filler}"},
     ]
 
 

@@ -1,5 +1,6 @@
-"""The official Anthropic SDK against vLLM's /v1/messages through Envoy + incontext (docs/spec.md §10),
-as Claude-Code-style agents call it: max_tokens 32000 or 64000 whatever the window.
+"""The official Anthropic SDK against vLLM's /v1/messages through Envoy + incontext
+(docs/spec.md §10), as Claude-Code-style agents call it: max_tokens 32000 or 64000 whatever the
+window.
 
 Straight to vLLM 0.32 each of these requests fails (400: the cap is above max_model_len=512);
 through Envoy it succeeds, the filter's count (x-incontext-prompt-tokens) equals vLLM's own

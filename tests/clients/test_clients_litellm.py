@@ -79,7 +79,7 @@ def test_streaming_with_usage(vllm, envoy):
 
 
 def test_two_tools_and_a_tool_call_history(vllm, envoy):
-    msgs, p = fit_chat(vllm, 440, tool_history, tools=TOOLS)
+    msgs, p = fit_chat(vllm, 440, tool_history("litellm-tools"), tools=TOOLS)
     kw = dict(messages=msgs, tools=TOOLS, max_tokens=BIG, temperature=0)
     assert_vllm_bad_request(vllm, "max_tokens", **kw)
     assert_served(call(envoy.url, **kw), p)
@@ -99,7 +99,7 @@ def test_n_2(vllm, envoy):
 
 
 def test_legacy_completions(vllm, envoy):
-    prompt = "Once upon a time" + " a" * 420
+    prompt = "Once upon a time (litellm)" + " a" * 420
     p = vllm.tokenize({"model": MODEL, "prompt": prompt})["count"]
 
     def text(url):

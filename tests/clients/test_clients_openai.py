@@ -9,8 +9,8 @@ prompt + completion fits the window.
 import openai
 import pytest
 
-from tests.clients.stack import (BIG, C, MODEL, TOOLS, assert_rewritten_exact, fit_chat, fit_messages,
-                           int_header, tool_history)
+from tests.clients.stack import (BIG, C, MODEL, TOOLS, assert_rewritten_exact, fit_chat,
+                                fit_messages, int_header, tool_history)
 
 
 
@@ -76,7 +76,8 @@ def test_streaming_usage_matches_the_header(vllm, envoy):
 
 
 def test_two_tools_and_a_tool_call_history(vllm, envoy):
-    msgs, p = fit_chat(vllm, 440, tool_history, tools=TOOLS)   # the tools render into the prompt
+    # the tools render into the prompt too
+    msgs, p = fit_chat(vllm, 440, tool_history("openai-tools"), tools=TOOLS)
 
     def call(client):
         return client.chat.completions.with_raw_response.create(
@@ -109,7 +110,7 @@ def test_n_2_each_choice_fits(vllm, envoy):
 
 
 def test_legacy_completions(vllm, envoy):
-    prompt = "Once upon a time" + " a" * 420
+    prompt = "Once upon a time (openai)" + " a" * 420
     p = vllm.tokenize({"model": MODEL, "prompt": prompt})["count"]
 
     def call(client):

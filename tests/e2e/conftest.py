@@ -11,14 +11,13 @@ Python upstream that echoes requests and fakes vLLM's /tokenize.
 from __future__ import annotations
 
 import json
-import os
 from collections import OrderedDict
 from pathlib import Path
 
 import pytest
 
 from tests.e2e.common import MAIN, Proxy
-from tests.harness.envoy import WASM, Envoy, envoy_binary, no_filter
+from tests.harness.envoy import WASM, Envoy, envoy_binary, envoy_version, no_filter
 from tests.harness.upstream import Upstream
 
 MAX_ALIVE = 3
@@ -122,8 +121,9 @@ def pytest_report_header(config):
     lines = [f"incontext e2e: wasm={WASM} ({'present' if WASM.is_file() else 'MISSING'})"]
     if no_filter():
         lines.append("incontext e2e: INCONTEXT_E2E_NO_FILTER set: wasm filter REMOVED from config")
-    if os.environ.get("ENVOY_BIN"):
-        lines.append(f"incontext e2e: ENVOY_BIN={os.environ['ENVOY_BIN']}")
+    binary = envoy_binary()
+    version = envoy_version(binary) if binary else ""
+    lines.append(f"incontext e2e: envoy {version or '?'} ({binary or 'NOT FOUND'})")
     return lines
 
 

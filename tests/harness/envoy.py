@@ -49,6 +49,16 @@ def envoy_binary() -> Optional[str]:
     return shutil.which("envoy")
 
 
+def envoy_version(binary: str) -> str:
+    """The release number in ``envoy --version`` (e.g. "1.40.0"), or "" when it cannot be read."""
+    try:
+        out = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    m = re.search(r"version: \S+?/(\d+\.\d+\.\d+)/", out.stdout + out.stderr)
+    return m.group(1) if m else ""
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))

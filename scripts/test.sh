@@ -70,7 +70,11 @@ if [ "${INCONTEXT_SKIP_SETUP:-0}" != 1 ]; then
     SETUPS+=("scripts/setup-$TIER.sh")
   fi
   for s in ${SETUPS[@]+"${SETUPS[@]}"}; do
-    bash "$s" || { echo "==> FAILED: $s" >&2; exit 1; }
+    args=()
+    # Every vLLM release tests/vllm runs against (INCONTEXT_VLLM_RELEASES, default all).
+    # shellcheck disable=SC2206
+    [ "$s" = scripts/setup-vllm.sh ] && args=(${INCONTEXT_VLLM_RELEASES:-all})
+    bash "$s" ${args[@]+"${args[@]}"} || { echo "==> FAILED: $s" >&2; exit 1; }
   done
 fi
 

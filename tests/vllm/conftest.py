@@ -1,7 +1,12 @@
 """Fixtures for the real-vLLM suite.
 
-* ``vllm``: one vLLM server for the whole run (scripts/vllm.sh on a free port, its own state
-  directory), stopped at the end. If it cannot start, every test here FAILS (never skips).
+* ``vllm_release``: the suite runs once per vLLM release (INCONTEXT_VLLM_RELEASES, default
+  every release with a scripts/vllm-requirements*.txt), newest first; tests marked
+  ``newest_vllm_only`` run on the newest selected release only, tests marked
+  ``needs_messages_api`` only on releases that serve the Anthropic Messages API.
+* ``vllm``: one vLLM server per release (scripts/vllm.sh on a free port, its own state
+  directory), started before that release's tests and stopped after them, so only one runs at
+  a time. If it cannot start, every test of that release FAILS (never skips).
 * ``stack``: Envoy instances rendered from envoy/envoy.yaml with the `vllm` cluster pointed at
   that server, one per plugin configuration, started on first use and stopped at the end.
 """
@@ -14,11 +19,43 @@ from pathlib import Path
 
 import pytest
 
-from tests.vllm.stack import (COUNT_LOG, WASM, Client, StackError, Vllm, free_port, no_filter,
-                              plugin_config, start_envoy)
+from tests.vllm.stack import (COUNT_LOG, NO_MESSAGES_API, WASM, Client, StackError, Vllm,
+                              free_port, no_filter, plugin_config, selected_releases, start_envoy)
 
 HERE = Path(__file__).resolve().parent
-_TIMINGS = {}
+_TIMINGS = {}   # release -> {"vllm_start": s, "suite_start": t, "suite_end": t, ...}
+try:
+    RELEASES = selected_releases()
+    _RELEASE_ERROR = None
+except StackError as e:
+    RELEASES, _RELEASE_ERROR = [], str(e)
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "newest_vllm_only: run on the newest selected vLLM release only "
+        "(behaviour of the filter that does not depend on the vLLM release)")
+    config.addinivalue_line(
+        "markers", "needs_messages_api: run only on vLLM releases that serve /v1/messages")
+
+
+def pytest_generate_tests(metafunc):
+    if "vllm_release" not in metafunc.fixturenames:
+        return
+    if _RELEASE_ERROR:
+        raise pytest.UsageError(_RELEASE_ERROR)
+    releases = RELEASES
+    if metafunc.definition.get_closest_marker("newest_vllm_only"):
+        releases = RELEASES[:1]
+    if metafunc.definition.get_closest_marker("needs_messages_api"):
+        releases = [r for r in releases if r not in NO_MESSAGES_API]
+    metafunc.parametrize("vllm_release", releases, indirect=True, scope="session",
+                         ids=[f"vllm{r}" for r in releases])
+
+
+@pytest.fixture(scope="session")
+def vllm_release(request) -> str:
+    return request.param
 
 
 class Stack:
@@ -59,30 +96,36 @@ class Stack:
 
 
 @pytest.fixture(scope="session")
-def vllm(tmp_path_factory):
+def vllm(vllm_release, tmp_path_factory):
     # For iterating on the tests: INCONTEXT_VLLM_TEST_STATE + INCONTEXT_VLLM_TEST_PORT reuse a
-    # server started with `INCONTEXT_VLLM_STATE=dir scripts/vllm.sh start port` (left running).
+    # server started with `INCONTEXT_VLLM_STATE=dir scripts/vllm.sh start port` (left running);
+    # with INCONTEXT_VLLM_RELEASE=R for a release other than the default, and then
+    # INCONTEXT_VLLM_RELEASES=R for the suite.
     state = os.environ.get("INCONTEXT_VLLM_TEST_STATE")
     port = os.environ.get("INCONTEXT_VLLM_TEST_PORT")
     if state and port:
-        server = Vllm(Path(state), int(port))
+        if len(RELEASES) != 1:
+            pytest.fail("INCONTEXT_VLLM_TEST_PORT reuses one server: select its release with "
+                        "INCONTEXT_VLLM_RELEASES", pytrace=False)
+        server = Vllm(Path(state), int(port), release=vllm_release)
         keep = server.healthy()
     else:
-        server = Vllm(tmp_path_factory.mktemp("vllm-state"))
+        server = Vllm(tmp_path_factory.mktemp(f"vllm-{vllm_release}-state"), release=vllm_release)
         keep = False
+    timings = _TIMINGS.setdefault(vllm_release, {})
     t0 = time.monotonic()
     try:
         server.start()
     except (StackError, OSError) as e:
         server.stop()
-        pytest.fail(f"vLLM could not be started: {e}", pytrace=False)
-    _TIMINGS["vllm_start"] = time.monotonic() - t0
-    _TIMINGS["suite_start"] = time.monotonic()
+        pytest.fail(f"vLLM {vllm_release} could not be started: {e}", pytrace=False)
+    timings["vllm_start"] = time.monotonic() - t0
+    timings["suite_start"] = time.monotonic()
     yield server
     if not keep:
         server.stop()
-    _TIMINGS["suite_end"] = time.monotonic()
-    _TIMINGS["vllm_starts"] = list(server.start_seconds)
+    timings["suite_end"] = time.monotonic()
+    timings["vllm_starts"] = list(server.start_seconds)
 
 
 @pytest.fixture(scope="session")
@@ -111,29 +154,48 @@ def reject(stack) -> Client:
     return stack.client("reject", on_insufficient="reject")
 
 
+@pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config, items):
-    """A hang must fail the test, not the run. The first test also waits for vLLM to start."""
-    for item in items:
-        if Path(str(item.fspath)).resolve().parent == HERE and not item.get_closest_marker("timeout"):
-            item.add_marker(pytest.mark.timeout(600))
+    """A hang must fail the test, not the run. The first test also waits for vLLM to start.
+
+    One release at a time: this suite's tests are grouped by vLLM release, newest first (so
+    each release's server starts once), keeping the order given within each release
+    (`pytest.mark.last` tests end their release's group); they stay in the places the suite's
+    tests had among the others."""
+    slots, mine = [], []
+    for i, item in enumerate(items):
+        if Path(str(item.fspath)).resolve().parent == HERE:
+            if not item.get_closest_marker("timeout"):
+                item.add_marker(pytest.mark.timeout(600))
+            slots.append(i)
+            mine.append(item)
+
+    def release_rank(item):
+        spec = getattr(item, "callspec", None)
+        release = spec.params.get("vllm_release") if spec else None
+        return RELEASES.index(release) if release in RELEASES else len(RELEASES)
+
+    for i, item in zip(slots, sorted(mine, key=release_rank)):
+        items[i] = item
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
-    if "vllm_start" in _TIMINGS:
-        line = f"incontext vllm: vLLM started in {_TIMINGS['vllm_start']:.0f} s"
-        starts = _TIMINGS.get("vllm_starts", [])
+    for release, t in _TIMINGS.items():
+        if "vllm_start" not in t:
+            continue
+        line = f"incontext vllm {release}: vLLM started in {t['vllm_start']:.0f} s"
+        starts = t.get("vllm_starts", [])
         if len(starts) > 1:
             line += " (restarts: " + ", ".join(f"{s:.0f} s" for s in starts[1:]) + ")"
-        if "suite_end" in _TIMINGS:
-            line += (f"; tests with vLLM up took "
-                     f"{_TIMINGS['suite_end'] - _TIMINGS['suite_start']:.0f} s")
+        if "suite_end" in t:
+            line += f"; tests with vLLM up took {t['suite_end'] - t['suite_start']:.0f} s"
         terminalreporter.write_line(line)
     if COUNT_LOG:
         ok = sum(1 for *_, ours, theirs in COUNT_LOG if ours == theirs)
         terminalreporter.write_line(
             f"incontext vllm: prompt counts compared with vLLM usage.prompt_tokens: "
             f"{ok} equal of {len(COUNT_LOG)}")
-        for cfg, shape, ours, theirs in COUNT_LOG:
+        for cfg, shape, ours, theirs in COUNT_LOG:   # cfg names the release
             mark = "equal" if ours == theirs else "DIFFERENT"
             terminalreporter.write_line(
-                f"  {cfg:18} {shape:44} filter={ours} vllm={theirs} {mark}")
+                f"  {cfg:22} {shape:44} filter={ours} vllm={theirs} {mark}")

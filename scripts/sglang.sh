@@ -26,30 +26,12 @@ PIDFILE="$STATE/sglang.pid"
 PORTFILE="$STATE/sglang.port"
 LOG="$STATE/sglang.log"
 SERVED_NAME="qwen3-tiny"
+SERVER="SGLang"
+SCRIPT="sglang.sh"
+# shellcheck source=scripts/server-lib.sh
+. "$REPO/scripts/server-lib.sh"
+ours() { tr '\0' ' ' <"/proc/$1/cmdline" 2>/dev/null | grep -q "$MODULE"; }
 MODULE="sglang.launch_server"
-
-say() { printf 'sglang.sh: %s\n' "$*"; }
-die() { printf 'sglang.sh: error: %s\n' "$*" >&2; exit 1; }
-
-our_pid() {
-  [ -f "$PIDFILE" ] || return 0
-  local pid
-  pid="$(cat "$PIDFILE" 2>/dev/null || true)"
-  [[ "$pid" =~ ^[0-9]+$ ]] || return 0
-  if kill -0 "$pid" 2>/dev/null && tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q "$MODULE"; then
-    echo "$pid"
-  fi
-}
-
-healthy() { curl -sf -o /dev/null --max-time 5 "http://127.0.0.1:$1/health"; }
-
-log_tail() {
-  if [ -f "$LOG" ]; then
-    echo "----- last 40 lines of $LOG -----" >&2
-    tail -n 40 "$LOG" >&2
-    echo "-----" >&2
-  fi
-}
 
 cmd_start() {
   local port="${1:-30000}"
@@ -59,20 +41,8 @@ cmd_start() {
   [ -f "$MODEL_DIR/config.json" ] || die "no model in $MODEL_DIR: run scripts/setup-vllm.sh first"
   mkdir -p "$STATE"
 
-  local pid
-  pid="$(our_pid)"
-  if [ -n "$pid" ]; then
-    local running_port
-    running_port="$(cat "$PORTFILE" 2>/dev/null || echo '?')"
-    if [ "$running_port" = "$port" ] && healthy "$port"; then
-      say "already running (pid $pid, port $port)"
-      return 0
-    fi
-    die "SGLang already running (pid $pid, port $running_port): run scripts/sglang.sh stop first"
-  fi
-  rm -f "$PIDFILE" "$PORTFILE"
-  if curl -s -o /dev/null --max-time 2 "http://127.0.0.1:$port/"; then
-    die "something else already answers on 127.0.0.1:$port"
+  if already_running "$port"; then
+    return 0
   fi
 
   say "starting SGLang (CPU, model $SERVED_NAME, context length $CONTEXT_LENGTH) on 127.0.0.1:$port; log: $LOG"
@@ -106,79 +76,12 @@ cmd_start() {
     --skip-server-warmup \
     "$@" \
     >"$LOG" 2>&1 </dev/null &
-  pid=$!
-  echo "$pid" >"$PIDFILE"
-  echo "$port" >"$PORTFILE"
-
-  local waited=0
-  while ! healthy "$port"; do
-    if ! kill -0 "$pid" 2>/dev/null; then
-      log_tail
-      rm -f "$PIDFILE" "$PORTFILE"
-      die "SGLang exited during startup (see $LOG)"
-    fi
-    if [ "$waited" -ge "$TIMEOUT" ]; then
-      log_tail
-      cmd_stop >/dev/null 2>&1 || true
-      die "SGLang did not answer /health within ${TIMEOUT}s (see $LOG)"
-    fi
-    sleep 1
-    waited=$((waited + 1))
-  done
-  if ! curl -sf --max-time 5 "http://127.0.0.1:$port/v1/models" | grep -q "\"$SERVED_NAME\""; then
-    log_tail
-    cmd_stop >/dev/null 2>&1 || true
-    die "SGLang is up but does not serve $SERVED_NAME"
-  fi
-  say "ready after $(($(date +%s) - start)) s (pid $pid, http://127.0.0.1:$port)"
-}
-
-cmd_stop() {
-  local pid
-  pid="$(our_pid)"
-  if [ -z "$pid" ]; then
-    rm -f "$PIDFILE" "$PORTFILE"
-    say "not running"
-    return 0
-  fi
-  say "stopping SGLang (pid $pid)"
-  kill -TERM "$pid" 2>/dev/null || true
-  local i
-  for i in $(seq 1 60); do
-    kill -0 "$pid" 2>/dev/null || break
-    sleep 0.5
-  done
-  # Started in its own session (setsid): its pid is the process group of the scheduler and
-  # detokenizer processes. Whatever is left of that group goes too.
-  if kill -0 "$pid" 2>/dev/null; then
-    say "still running after 30 s; killing process group $pid"
-    kill -KILL -- "-$pid" 2>/dev/null || true
-  else
-    kill -TERM -- "-$pid" 2>/dev/null || true
-  fi
-  rm -f "$PIDFILE" "$PORTFILE"
-  say "stopped"
-}
-
-cmd_status() {
-  local pid port
-  pid="$(our_pid)"
-  if [ -z "$pid" ]; then
-    say "not running"
-    return 3
-  fi
-  port="$(cat "$PORTFILE" 2>/dev/null || echo 30000)"
-  if healthy "$port"; then
-    say "running (pid $pid, http://127.0.0.1:$port, healthy)"
-    return 0
-  fi
-  say "running (pid $pid, port $port) but /health does not answer"
-  return 1
+  await_ready "$!" "$port" "$start"
 }
 
 case "${1:-}" in
   start) shift; cmd_start "$@" ;;
   stop) cmd_stop ;;
-  status) cmd_status ;;
+  status) cmd_status 30000 ;;
   *) echo "usage: $0 start [port] [extra SGLang args...] | stop | status" >&2; exit 2 ;;
 esac

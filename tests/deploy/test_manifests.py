@@ -853,7 +853,7 @@ def test_dockerfile_is_the_compat_recipe():
 
 def test_shipped_wasm_is_the_optimised_build(wasm_snapshot):
     """What the image, the compose file and the tests load is scripts/build-wasm.sh's output:
-    wasm-opt'd from cargo's module and within issue 5's size budget (300 KB)."""
+    wasm-opt'd from cargo's module and within the 300 KB size budget."""
     data = wasm_snapshot.read_bytes()
     assert data[:8] == b"\0asm\x01\0\0\0", "not a wasm module"
     raw = REPO / "target" / "wasm32-wasip1" / "release" / "deps" / "incontext.wasm"

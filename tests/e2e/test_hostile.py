@@ -1,4 +1,4 @@
-"""Hostile input and tokenizer faults, end to end (issue 6, point 2).
+"""Hostile input and tokenizer faults, end to end.
 
 Every case has one defined outcome, asserted exactly: the x-incontext-* headers, the bytes the
 upstream got, the tokenizer calls and the change of every filter counter. After each case Envoy

@@ -1,4 +1,4 @@
-"""The security boundary (issue 6, point 4).
+"""The security boundary.
 
 * The tokenizer credential comes from the plugin configuration, from an environment variable of
   the Envoy process exposed to the VM (`vm_config.environment_variables.host_env_keys`), or from

@@ -78,6 +78,10 @@ pub fn parse_reply(
         count: Option<Value>,
         max_model_len: Option<Value>,
     }
+    // Valid UTF-8 throughout: serde skips ignored members without checking their bytes.
+    if std::str::from_utf8(body).is_err() {
+        return Err(Failure::BadJson);
+    }
     // The reply must be an object (a derived struct would also accept an array of fields).
     let first = body.iter().find(|b| !b.is_ascii_whitespace());
     if first != Some(&b'{') {
@@ -160,6 +164,19 @@ pub fn cache_key(req: &Request, body: &[u8], route: &str, context_length: Option
         }
     }
     h.digest128()
+}
+
+#[cfg(test)]
+mod reply_tests {
+    use super::*;
+
+    #[test]
+    fn invalid_utf8_in_an_ignored_member_is_bad_json() {
+        let body = b"{\"t\":\"t\xf0ken\",\"count\":6,\"max_model_len\":512}";
+        assert_eq!(parse_reply(Some(200), body, None), Err(Failure::BadJson));
+        let ok = br#"{"t":"token","count":6,"max_model_len":512}"#;
+        assert_eq!(parse_reply(Some(200), ok, None).map(|r| r.count), Ok(6));
+    }
 }
 
 #[cfg(test)]

@@ -12,37 +12,15 @@ import json
 
 import pytest
 
+from tests.harness.cases import SYSTEM, TOOLS, assistant, user
 from tests.vllm.stack import C, COUNT_LOG, MODEL, direct_post, fit_messages
 
-SYSTEM = {"role": "system", "content": "You are a terse assistant. Answer in one line."}
 NON_ASCII = ("Grüße aus Köln: café, naïve, façade — “quotes”, ‘single’, «guillemets» … "
              "emoji 🚀🎉👩‍💻, Русский текст, العربية, עברית, ελληνικά, हिन्दी.")
 CJK = ("你好，世界！请用一句话总结这段文字。これは日本語のテキストです。カタカナとひらがな。"
        "한국어 문장도 있습니다. 全角：ＡＢＣ１２３。")
 ESCAPES = ('Quotes " and backslashes \\ and a tab\tand\nnewlines\r\n, a NUL-free control '
            '\u0007 bell, slash / and unicode é 漢 🚀 — sent with \\u escapes.')
-TOOLS = [
-    {"type": "function", "function": {
-        "name": "get_weather",
-        "description": "Current weather for a city.",
-        "parameters": {"type": "object",
-                       "properties": {"city": {"type": "string", "description": "City name"},
-                                      "unit": {"type": "string", "enum": ["c", "f"]}},
-                       "required": ["city"]}}},
-    {"type": "function", "function": {
-        "name": "search_docs",
-        "description": "Full-text search in the manual.",
-        "parameters": {"type": "object", "properties": {"query": {"type": "string"}},
-                       "required": ["query"]}}},
-]
-
-
-def user(text):
-    return {"role": "user", "content": text}
-
-
-def assistant(text):
-    return {"role": "assistant", "content": text}
 
 
 def tool_history(n, reasoning_key=None):

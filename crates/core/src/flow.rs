@@ -16,7 +16,7 @@ use crate::cache;
 use crate::config::Config;
 use crate::plan::{decide, Count, Outcome as Plan, Source};
 use crate::reason::Reason;
-use crate::request::{analyze_at, Counting, Endpoint, Form, Request};
+use crate::request::{analyze_at, Counting, Endpoint, Request};
 use crate::rewrite::Edit;
 use crate::tokenize::{cache_key, Failure, Reply};
 use std::cell::Cell;
@@ -740,11 +740,6 @@ impl Exchange {
         }
         self.report_headers()
     }
-
-    /// Whether a call is out.
-    pub fn waiting(&self) -> bool {
-        matches!(self.state, State::Window { .. } | State::Counting { .. })
-    }
 }
 
 /// The answer to a tokenizer call, as the host delivered it.
@@ -772,20 +767,6 @@ impl Answer<'_> {
 enum Answered {
     Window(Box<Pending>),
     Count(Box<Pending>, Result<Counted, Failure>),
-}
-
-impl Request {
-    /// The request's `model` as a string ("" when absent or not a string).
-    pub fn model_name(&self, body: &[u8]) -> String {
-        self.raw(body, self.fields.model)
-            .and_then(|m| serde_json::from_str::<String>(m).ok())
-            .unwrap_or_default()
-    }
-
-    /// Whether this is an Anthropic Messages request.
-    pub fn is_messages(&self) -> bool {
-        self.form == Form::Messages
-    }
 }
 
 #[cfg(test)]
@@ -925,7 +906,7 @@ mod tests {
         let mut host = FakeHost::default();
         let (mut x, step) = send(&p, &mut host, "/v1/chat/completions", CHAT);
         assert!(matches!(step, Step::Wait));
-        assert!(x.waiting());
+        assert!(x.pending_token().is_some());
         let (cluster, headers, call) = &host.calls[0];
         assert_eq!((cluster.as_str(), call.path.as_str()), ("v", "/tokenize"));
         assert!(headers.contains(&("content-type".into(), "application/json".into())));
@@ -1041,7 +1022,10 @@ mod tests {
                 }
             )
             .is_none());
-        assert!(x.waiting(), "an unknown token leaves the call out");
+        assert!(
+            x.pending_token().is_some(),
+            "an unknown token leaves the call out"
+        );
         // Trailers instead of an end-of-stream body: not budgeted.
         let mut y = Exchange::new();
         y.on_headers(&p, &mut host, &head("/v1/chat/completions"));

@@ -338,6 +338,13 @@ impl Request {
         raw(body, &self.members, idx)
     }
 
+    /// The request's `model` as a string ("" when absent or not a string).
+    pub fn model_name(&self, body: &[u8]) -> String {
+        self.raw(body, self.fields.model)
+            .and_then(|m| serde_json::from_str::<String>(m).ok())
+            .unwrap_or_default()
+    }
+
     /// The raw bytes of a field of this request.
     pub fn raw_bytes<'a>(&self, body: &'a [u8], idx: Option<usize>) -> Option<&'a [u8]> {
         raw_bytes(body, &self.members, idx)

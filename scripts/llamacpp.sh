@@ -33,25 +33,21 @@ LOG="$STATE/llamacpp.log"
 SERVED_NAME="qwen3-tiny"
 SERVER="llama-server"
 SCRIPT="llamacpp.sh"
+DEFAULT_PORT=8080
 # shellcheck source=scripts/server-lib.sh
 . "$REPO/scripts/server-lib.sh"
 ours() { [ "$(readlink "/proc/$1/exe" 2>/dev/null)" = "$(readlink -f "$LLAMACPP_BIN")" ]; }
 
 cmd_start() {
-  local port="${1:-8080}"
+  local port="${1:-$DEFAULT_PORT}"
   shift || true
-  [[ "$port" =~ ^[0-9]+$ ]] || die "port must be a number, got '$port'"
   [ -x "$LLAMACPP_BIN" ] || die "no llama-server at $LLAMACPP_BIN: run scripts/setup-llamacpp.sh first"
   [ -f "$LLAMACPP_GGUF" ] || die "no GGUF model at $LLAMACPP_GGUF: run scripts/setup-llamacpp.sh first"
-  mkdir -p "$STATE"
-
   if already_running "$port"; then
     return 0
   fi
 
   say "starting llama-server (CPU, model $SERVED_NAME, ctx $CTX, 1 slot) on 127.0.0.1:$port; log: $LOG"
-  local start
-  start=$(date +%s)
   # No web UI, no model download (-m names a local file), loopback only.
   setsid "$LLAMACPP_BIN" \
     --model "$LLAMACPP_GGUF" \
@@ -63,12 +59,7 @@ cmd_start() {
     --no-webui \
     "$@" \
     >"$LOG" 2>&1 </dev/null &
-  await_ready "$!" "$port" "$start"
+  await_ready "$!" "$port"
 }
 
-case "${1:-}" in
-  start) shift; cmd_start "$@" ;;
-  stop) cmd_stop ;;
-  status) cmd_status 8080 ;;
-  *) echo "usage: $0 start [port] [extra llama-server args...] | stop | status" >&2; exit 2 ;;
-esac
+main "$@"

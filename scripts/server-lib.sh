@@ -7,6 +7,7 @@
 #   PIDFILE PORTFILE LOG    the state files
 #   SERVED_NAME  the model name GET /v1/models must list
 #   TIMEOUT      seconds to wait for /health
+#   DEFAULT_PORT the port of `start` without one, and of `status` without a port file
 # and defines `ours PID` (exit 0 when that live process is this script's server: each server
 # is recognised by its own command line or binary).
 
@@ -35,10 +36,14 @@ log_tail() {
   fi
 }
 
-# Before a start on PORT: exit 0 when our server already runs there (nothing to do), 1 when
-# the start may go ahead; dies when ours runs elsewhere or something else holds the port.
+# Before a start on PORT: checks the port, creates the state directory and sets START (the
+# start time, for await_ready). Exit 0 when our server already runs there (nothing to do), 1
+# when the start may go ahead; dies when ours runs elsewhere or something else holds the port.
 already_running() {
   local port="$1" pid running_port
+  [[ "$port" =~ ^[0-9]+$ ]] || die "port must be a number, got '$port'"
+  mkdir -p "$(dirname "$PIDFILE")"
+  START=$(date +%s)
   pid="$(our_pid)"
   if [ -n "$pid" ]; then
     running_port="$(cat "$PORTFILE" 2>/dev/null || echo '?')"
@@ -56,9 +61,9 @@ already_running() {
 }
 
 # Records PID (started with setsid: its own process group) on PORT, waits for /health and for
-# SERVED_NAME in /v1/models; START is the start time (date +%s).
+# SERVED_NAME in /v1/models.
 await_ready() {
-  local pid="$1" port="$2" start="$3" waited=0
+  local pid="$1" port="$2" waited=0
   echo "$pid" >"$PIDFILE"
   echo "$port" >"$PORTFILE"
   while ! healthy "$port"; do
@@ -80,7 +85,7 @@ await_ready() {
     cmd_stop >/dev/null 2>&1 || true
     die "$SERVER is up but does not serve $SERVED_NAME"
   fi
-  say "ready after $(($(date +%s) - start)) s (pid $pid, http://127.0.0.1:$port)"
+  say "ready after $(($(date +%s) - START)) s (pid $pid, http://127.0.0.1:$port)"
 }
 
 cmd_stop() {
@@ -124,4 +129,14 @@ cmd_status() {
   fi
   say "running (pid $pid, port $port) but /health does not answer"
   return 1
+}
+
+# The command line: start [port] [extra server args...] | stop | status.
+main() {
+  case "${1:-}" in
+    start) shift; cmd_start "$@" ;;
+    stop) cmd_stop ;;
+    status) cmd_status "$DEFAULT_PORT" ;;
+    *) echo "usage: $0 start [port] [extra $SERVER args...] | stop | status" >&2; exit 2 ;;
+  esac
 }

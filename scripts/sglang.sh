@@ -28,26 +28,22 @@ LOG="$STATE/sglang.log"
 SERVED_NAME="qwen3-tiny"
 SERVER="SGLang"
 SCRIPT="sglang.sh"
+DEFAULT_PORT=30000
 # shellcheck source=scripts/server-lib.sh
 . "$REPO/scripts/server-lib.sh"
 ours() { tr '\0' ' ' <"/proc/$1/cmdline" 2>/dev/null | grep -q "$MODULE"; }
 MODULE="sglang.launch_server"
 
 cmd_start() {
-  local port="${1:-30000}"
+  local port="${1:-$DEFAULT_PORT}"
   shift || true
-  [[ "$port" =~ ^[0-9]+$ ]] || die "port must be a number, got '$port'"
   [ -x "$SGLANG_VENV/bin/python" ] || die "no SGLang in $SGLANG_VENV: run scripts/setup-sglang.sh first"
   [ -f "$MODEL_DIR/config.json" ] || die "no model in $MODEL_DIR: run scripts/setup-vllm.sh first"
-  mkdir -p "$STATE"
-
   if already_running "$port"; then
     return 0
   fi
 
   say "starting SGLang (CPU, model $SERVED_NAME, context length $CONTEXT_LENGTH) on 127.0.0.1:$port; log: $LOG"
-  local start
-  start=$(date +%s)
   # SGLANG_USE_CPU_ENGINE=1 selects SGLang's CPU platform; torch_native attention and the
   # pytorch sampler need no kernel package (this CPU has no AMX for the intel_amx backend).
   # One OpenMP thread bound to core 0 (2-core machine shared with Envoy and the tests).
@@ -76,12 +72,7 @@ cmd_start() {
     --skip-server-warmup \
     "$@" \
     >"$LOG" 2>&1 </dev/null &
-  await_ready "$!" "$port" "$start"
+  await_ready "$!" "$port"
 }
 
-case "${1:-}" in
-  start) shift; cmd_start "$@" ;;
-  stop) cmd_stop ;;
-  status) cmd_status 30000 ;;
-  *) echo "usage: $0 start [port] [extra SGLang args...] | stop | status" >&2; exit 2 ;;
-esac
+main "$@"

@@ -36,6 +36,7 @@ LOG="$STATE/vllm.log"
 SERVED_NAME="qwen3-tiny"
 SERVER="vLLM"
 SCRIPT="vllm.sh"
+DEFAULT_PORT=8000
 # shellcheck source=scripts/server-lib.sh
 . "$REPO/scripts/server-lib.sh"
 ours() { tr '\0' ' ' <"/proc/$1/cmdline" 2>/dev/null | grep -q "$MODULE"; }
@@ -50,20 +51,15 @@ if ! compgen -G "$VENV/lib/python3*/site-packages/vllm/entrypoints/launchers/api
 fi
 
 cmd_start() {
-  local port="${1:-8000}"
+  local port="${1:-$DEFAULT_PORT}"
   shift || true
-  [[ "$port" =~ ^[0-9]+$ ]] || die "port must be a number, got '$port'"
   [ -x "$VENV/bin/python" ] || die "no vLLM $RELEASE in $VENV: run scripts/setup-vllm.sh $RELEASE first"
   [ -f "$MODEL_DIR/config.json" ] || die "no model in $MODEL_DIR: run scripts/setup-vllm.sh first"
-  mkdir -p "$STATE"
-
   if already_running "$port"; then
     return 0
   fi
 
   say "starting vLLM $RELEASE (CPU, model $SERVED_NAME, max_model_len $MAX_MODEL_LEN) on 127.0.0.1:$port; log: $LOG"
-  local start
-  start=$(date +%s)
   # Threads: the machine has 2 cores. vLLM's CPU backend binds the model worker's OpenMP
   # threads to one core (VLLM_CPU_OMP_THREADS_BIND=auto) and leaves the other to the API
   # server; OMP_NUM_THREADS=1 makes torch agree, so nothing oversubscribes the machine
@@ -93,12 +89,7 @@ cmd_start() {
     --enable-auto-tool-choice --tool-call-parser hermes \
     "$@" \
     >"$LOG" 2>&1 </dev/null &
-  await_ready "$!" "$port" "$start"
+  await_ready "$!" "$port"
 }
 
-case "${1:-}" in
-  start) shift; cmd_start "$@" ;;
-  stop) cmd_stop ;;
-  status) cmd_status 8000 ;;
-  *) echo "usage: $0 start [port] [extra vLLM args...] | stop | status" >&2; exit 2 ;;
-esac
+main "$@"

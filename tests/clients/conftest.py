@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 import tests.clients.stack  # noqa: F401  (sets the LiteLLM offline switches before any import)
-from tests.clients.stack import C, Stack, StackError, Vllm
+from tests.harness.servers import start_or_fail
+from tests.clients.stack import C, Stack, Vllm
 from tests.harness.envoy import WASM, Envoy, envoy_binary, no_filter
 from tests.harness.upstream import Upstream
 
@@ -38,12 +39,7 @@ def vllm(tmp_path_factory):
         server = Vllm(tmp_path_factory.mktemp("vllm-state"))
         keep = False
     t0 = time.monotonic()
-    try:
-        server.start()
-    except (StackError, OSError) as e:
-        if not keep:
-            server.stop()
-        pytest.fail(f"vLLM could not be started: {e}", pytrace=False)
+    start_or_fail(server, "vLLM", stop_on_failure=not keep)
     _T["vllm_start"] = time.monotonic() - t0
     yield server
     if not keep:

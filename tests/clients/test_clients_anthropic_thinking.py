@@ -13,7 +13,8 @@ import time
 import anthropic
 import pytest
 
-from tests.clients.stack import MODEL, Stack, StackError, Vllm, fit_anthropic, input_tokens
+from tests.harness.servers import start_or_fail
+from tests.clients.stack import MODEL, Stack, Vllm, fit_anthropic, input_tokens
 
 WIDE = 2048
 
@@ -38,11 +39,7 @@ def wide(tmp_path_factory):
     """vLLM with max_model_len 2048 and an Envoy (context_length 2048) in front of it."""
     server = WideVllm(tmp_path_factory.mktemp("vllm-wide"))
     t0 = time.monotonic()
-    try:
-        server.start()
-    except (StackError, OSError) as e:
-        server.stop()
-        pytest.fail(f"the 2048-token vLLM could not be started: {e}", pytrace=False)
+    start_or_fail(server, "the 2048-token vLLM")
     print(f"2048-token vLLM started in {time.monotonic() - t0:.0f} s")
     s = Stack(server, tmp_path_factory.mktemp("wide-envoy"))
     try:

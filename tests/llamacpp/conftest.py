@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.llamacpp.stack import (WASM, Client, LlamaServer, StackError, no_filter,
+from tests.harness.servers import start_or_fail
+from tests.llamacpp.stack import (WASM, Client, LlamaServer, no_filter,
                                   plugin_config, start_envoy)
 
 HERE = Path(__file__).resolve().parent
@@ -24,11 +25,7 @@ _TIMINGS = {}
 @pytest.fixture(scope="session")
 def llama(tmp_path_factory):
     server = LlamaServer(tmp_path_factory.mktemp("llamacpp-state"))
-    try:
-        server.start()
-    except (StackError, OSError) as e:
-        server.stop()
-        pytest.fail(f"llama-server could not be started: {e}", pytrace=False)
+    start_or_fail(server, "llama-server")
     _TIMINGS["start"] = server.start_seconds
     _TIMINGS["suite_start"] = time.monotonic()
     yield server

@@ -20,6 +20,7 @@ from typing import Dict, List, Optional
 import httpx
 
 from tests.harness.envoy import WASM, Envoy, envoy_binary, free_port, no_filter  # noqa: F401
+from tests.harness.servers import StackError  # noqa: F401 (re-exported)
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -30,8 +31,6 @@ R = 64                      # min_output_tokens of the test configuration
 F = 32                      # fallback_margin_tokens of the test configuration
 
 
-class StackError(RuntimeError):
-    pass
 
 
 class LlamaServer:

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.sglang.stack import (COUNT_LOG, Client, FakeSglang, Sglang, StackError,
+from tests.harness.servers import start_or_fail
+from tests.sglang.stack import (COUNT_LOG, Client, FakeSglang, Sglang,
                                 plugin_config, start_envoy)
 
 HERE = Path(__file__).resolve().parent
@@ -52,11 +53,7 @@ class Envoys:
 @pytest.fixture(scope="session")
 def sglang(tmp_path_factory):
     server = Sglang(tmp_path_factory.mktemp("sglang-state"))
-    try:
-        server.start()
-    except (StackError, OSError) as e:
-        server.stop()
-        pytest.fail(f"SGLang could not be started: {e}", pytrace=False)
+    start_or_fail(server, "SGLang")
     _TIMINGS["sglang_start"] = server.start_seconds
     _TIMINGS["suite_start"] = time.monotonic()
     yield server
@@ -67,12 +64,7 @@ def sglang(tmp_path_factory):
 @pytest.fixture(scope="session")
 def stub(tmp_path_factory):
     server = FakeSglang(tmp_path_factory.mktemp("fake-sglang"))
-    try:
-        server.start()
-    except (StackError, OSError) as e:
-        server.stop()
-        pytest.fail(f"fake_sglang.py could not be started: {e}", pytrace=False)
-    yield server
+    yield start_or_fail(server, "fake_sglang.py")
     server.stop()
 
 

@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from tests.harness.envoy import WASM, Envoy, envoy_binary, free_port  # noqa: F401
+from tests.harness.servers import StackError  # noqa: F401 (re-exported)
 from tests.vllm.stack import Client, Reply  # noqa: F401
 
 HERE = Path(__file__).resolve().parent
@@ -36,8 +37,6 @@ FILLER = " a"          # one Qwen3 token per repetition
 COUNT_LOG: List[tuple] = []
 
 
-class StackError(RuntimeError):
-    pass
 
 
 def vllm_venv() -> Path:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.harness.servers import start_or_fail
 from tests.vllm.stack import (COUNT_LOG, NO_MESSAGES_API, WASM, Client, StackError, Vllm,
                               free_port, no_filter, plugin_config, selected_releases, start_envoy)
 
@@ -114,11 +115,7 @@ def vllm(vllm_release, tmp_path_factory):
         keep = False
     timings = _TIMINGS.setdefault(vllm_release, {})
     t0 = time.monotonic()
-    try:
-        server.start()
-    except (StackError, OSError) as e:
-        server.stop()
-        pytest.fail(f"vLLM {vllm_release} could not be started: {e}", pytrace=False)
+    start_or_fail(server, f"vLLM {vllm_release}")
     timings["vllm_start"] = time.monotonic() - t0
     timings["suite_start"] = time.monotonic()
     yield server

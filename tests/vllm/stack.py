@@ -21,6 +21,7 @@ import httpx
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 from tests.harness.envoy import WASM, Envoy, envoy_binary, free_port, no_filter  # noqa: F401
+from tests.harness.servers import StackError  # noqa: F401 (re-exported)
 
 VLLM_SH = ROOT / "scripts" / "vllm.sh"
 SCRIPTS = ROOT / "scripts"
@@ -32,8 +33,6 @@ F = 32                      # fallback_margin_tokens of the test configurations
 COUNT_LOG: List[tuple] = []
 
 
-class StackError(RuntimeError):
-    pass
 
 
 # --- releases ------------------------------------------------------------------------------

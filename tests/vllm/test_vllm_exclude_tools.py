@@ -14,8 +14,9 @@ whichever runs.
 
 import pytest
 
+from tests.harness.servers import start_or_fail
 from tests.vllm.test_vllm_counts import SYSTEM, TOOLS, check_exact_then_cache, chat, tool_history, user
-from tests.vllm.stack import MODEL, Client, StackError, Vllm, direct_post, stream_usage
+from tests.vllm.stack import MODEL, Client, Vllm, direct_post, stream_usage
 
 pytestmark = [pytest.mark.last, pytest.mark.newest_vllm_only]
 FLAG = "--exclude-tools-when-tool-choice-none"
@@ -25,10 +26,7 @@ FLAG = "--exclude-tools-when-tool-choice-none"
 def excluding_vllm(vllm):
     vllm.stop()
     server = Vllm(vllm.state_dir, vllm.port, release=vllm.release, extra_args=(FLAG,))
-    try:
-        server.start()
-    except (StackError, OSError) as e:
-        pytest.fail(f"vLLM {vllm.release} {FLAG} could not be started: {e}", pytrace=False)
+    start_or_fail(server, f"vLLM {vllm.release} {FLAG}", stop_on_failure=False)
     vllm.start_seconds.extend(server.start_seconds)
     return server
 

@@ -58,10 +58,29 @@ else
   dl="$LLAMACPP_DIR/download"
   rm -rf "$dl" "$SRC_TOP"
   mkdir -p "$dl"
-  "$PY" -m pip download --disable-pip-version-check --no-input --progress-bar off -q \
-    --no-binary :all: --no-deps -d "$dl" "llama-cpp-python==$LLAMACPP_PY_VERSION"
+  # The sdist's address comes from the package index's JSON API (PEP 691, the one pip reads),
+  # read with the system Python; nothing is built (`pip download --no-binary` would prepare the
+  # sdist's metadata, building its build requirements, CMake among them, from source).
   tarball="$dl/llama_cpp_python-$LLAMACPP_PY_VERSION.tar.gz"
-  [ -f "$tarball" ] || die "pip did not save $tarball"
+  python3 - "$LLAMACPP_PY_VERSION" "$LLAMACPP_SDIST_SHA256" "$tarball" <<'PYEOF' \
+    || die "could not download the llama-cpp-python $LLAMACPP_PY_VERSION source distribution from PyPI"
+import json, os, sys, urllib.request
+version, want, out = sys.argv[1:4]
+index = os.environ.get("PIP_INDEX_URL", "https://pypi.org/simple").rstrip("/")
+api = f"{index}/llama-cpp-python/"
+name = f"llama_cpp_python-{version}.tar.gz"
+req = urllib.request.Request(api, headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+with urllib.request.urlopen(req, timeout=60) as r:
+    files = [f for f in json.load(r)["files"] if f["filename"] == name]
+if len(files) != 1:
+    sys.exit(f"setup-llamacpp: error: {api} lists {len(files)} files named {name}, not one")
+if files[0].get("hashes", {}).get("sha256") != want:
+    sys.exit(f"setup-llamacpp: error: the index's sha256 for {name} is not the pinned one")
+with urllib.request.urlopen(files[0]["url"], timeout=600) as r, open(out, "wb") as f:
+    while chunk := r.read(1 << 20):
+        f.write(chunk)
+PYEOF
+  [ -f "$tarball" ] || die "no $tarball after the download"
   [ "$(sha "$tarball")" = "$LLAMACPP_SDIST_SHA256" ] \
     || die "sha256 of $tarball is not the pinned $LLAMACPP_SDIST_SHA256"
   mkdir -p "$SRC_TOP.tmp"

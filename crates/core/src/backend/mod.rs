@@ -1,22 +1,22 @@
 //! Tokenizer backends (docs/spec.md §11): for each model server and request dialect, the call
 //! that counts a prompt exactly and how its answer reads; and where the window C comes from
-//! when the count does not report it.
+//! when the count does not report it. One module per backend; what they share lives here.
+
+mod llamacpp;
+mod sglang;
+mod vllm;
 
 use crate::config::{Backend, Config};
-use crate::json::scan::array_items;
-use crate::payload::payload;
 use crate::request::{Form, Request};
-use crate::tokenize::{check_context, Failure};
+use crate::tokenize::Failure;
 use serde_json::Value;
+
+pub use llamacpp::{LLAMACPP_CHAT_COUNT_PATH, LLAMACPP_PROPS_PATH};
 
 /// Anthropic's counter, served by vLLM, SGLang and llama.cpp alike.
 pub const MESSAGES_COUNT_PATH: &str = "/v1/messages/count_tokens";
-/// llama.cpp's counter for an OpenAI chat request.
-pub const LLAMACPP_CHAT_COUNT_PATH: &str = "/v1/chat/completions/input_tokens";
 /// The model list; vLLM and SGLang report each model's `max_model_len` there.
 pub const MODELS_PATH: &str = "/v1/models";
-/// llama.cpp's server properties (`default_generation_settings.n_ctx`).
-pub const LLAMACPP_PROPS_PATH: &str = "/props";
 
 /// An HTTP call to the tokenizer cluster.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -64,107 +64,46 @@ fn post(path: &str, body: Vec<u8>, kind: CallKind) -> Call {
 /// parse (the estimate is used then).
 pub fn count_call(config: &Config, req: &Request, body: &[u8]) -> Option<Call> {
     let t = &config.tokenizer;
-    match (t.backend, req.form) {
+    if req.form == Form::Messages {
         // The backend's own Anthropic counter converts the request as `/v1/messages` does;
         // it ignores the members it does not read (max_tokens, stream, ...).
-        (_, Form::Messages) => Some(post(
+        return Some(post(
             MESSAGES_COUNT_PATH,
             body.to_vec(),
             CallKind::InputTokens,
-        )),
-        (Backend::Vllm, _) => Some(post(&t.path, payload(req, body)?, CallKind::Tokenize)),
-        (Backend::Sglang, Form::Chat) => {
-            Some(post(&t.path, sglang_chat(req, body)?, CallKind::Tokenize))
-        }
-        (Backend::Sglang, Form::Completion) => {
-            Some(post(&t.path, payload(req, body)?, CallKind::Tokenize))
-        }
-        (Backend::Llamacpp, Form::Chat) => Some(post(
-            LLAMACPP_CHAT_COUNT_PATH,
-            body.to_vec(),
-            CallKind::InputTokens,
-        )),
-        (Backend::Llamacpp, Form::Completion) => Some(post(
-            &t.path,
-            llamacpp_content(req, body)?,
-            CallKind::TokenList,
-        )),
+        ));
+    }
+    match t.backend {
+        Backend::Vllm => vllm::count_call(t, req, body),
+        Backend::Sglang => sglang::count_call(t, req, body),
+        Backend::Llamacpp => llamacpp::count_call(t, req, body),
     }
 }
 
 /// The call that reports the window C, for a count that does not.
 pub fn window_call(config: &Config) -> Call {
-    let (path, kind) = match config.tokenizer.backend {
-        Backend::Vllm | Backend::Sglang => (MODELS_PATH, CallKind::Models),
-        Backend::Llamacpp => (LLAMACPP_PROPS_PATH, CallKind::Props),
-    };
+    match config.tokenizer.backend {
+        Backend::Vllm => vllm::window_call(),
+        Backend::Sglang => sglang::window_call(),
+        Backend::Llamacpp => llamacpp::window_call(),
+    }
+}
+
+/// Whether answers to this backend's count calls for `form` report the window.
+pub fn count_reports_window(config: &Config, form: Form) -> bool {
+    match config.tokenizer.backend {
+        Backend::Vllm => vllm::count_reports_window(form),
+        Backend::Sglang | Backend::Llamacpp => false,
+    }
+}
+
+fn get(path: &str, kind: CallKind) -> Call {
     Call {
         method: "GET",
         path: path.to_string(),
         body: None,
         kind,
     }
-}
-
-/// Whether answers to this backend's count calls for `form` report the window.
-pub fn count_reports_window(config: &Config, form: Form) -> bool {
-    config.tokenizer.backend == Backend::Vllm && form != Form::Messages
-}
-
-/// SGLang's `/tokenize` for a chat: it renders `messages` with `tools` (left out when
-/// `tool_choice` is `"none"`), `reasoning_effort` and `chat_template_kwargs` itself.
-fn sglang_chat(req: &Request, body: &[u8]) -> Option<Vec<u8>> {
-    let f = &req.fields;
-    let mut out = Vec::with_capacity(
-        req.raw_bytes(body, f.messages)
-            .map_or(64, |m| m.len() + 128),
-    );
-    out.push(b'{');
-    let mut first = true;
-    for (name, idx) in [
-        ("model", f.model),
-        ("messages", f.messages),
-        ("tools", f.tools),
-        ("tool_choice", f.tool_choice),
-        ("reasoning_effort", f.reasoning_effort),
-        ("chat_template_kwargs", f.chat_template_kwargs),
-    ] {
-        let Some(raw) = req.raw_bytes(body, idx) else {
-            continue;
-        };
-        if name == "tools" && !raw.starts_with(b"[") {
-            continue;
-        }
-        if !first {
-            out.push(b',');
-        }
-        first = false;
-        out.push(b'"');
-        out.extend_from_slice(name.as_bytes());
-        out.extend_from_slice(b"\":");
-        out.extend_from_slice(raw);
-    }
-    out.push(b'}');
-    Some(out)
-}
-
-/// llama.cpp's `/tokenize` for a string prompt (or a list of one string).
-fn llamacpp_content(req: &Request, body: &[u8]) -> Option<Vec<u8>> {
-    let mut prompt = req.raw_bytes(body, req.fields.prompt)?;
-    if prompt.starts_with(b"[") {
-        match array_items(prompt)?.as_slice() {
-            [one] => prompt = prompt.get(one.clone())?,
-            _ => return None,
-        }
-    }
-    if !prompt.starts_with(b"\"") {
-        return None;
-    }
-    let mut out = Vec::with_capacity(prompt.len() + 16);
-    out.extend_from_slice(b"{\"content\":");
-    out.extend_from_slice(prompt);
-    out.push(b'}');
-    Some(out)
 }
 
 /// The HTTP status gate every answer passes first.
@@ -200,21 +139,10 @@ pub fn parse_count(
     body: &[u8],
 ) -> Result<Counted, Failure> {
     match kind {
-        CallKind::Tokenize => {
-            let reply = crate::tokenize::parse_reply(status, body, None)?;
-            // SGLang's `max_model_len` there is the tokenizer's limit, not the server's window.
-            if config.tokenizer.backend != Backend::Vllm {
-                return Ok(Counted {
-                    count: reply.count,
-                    window: None,
-                });
-            }
-            check_context(reply.max_model_len, config.context_length)?;
-            Ok(Counted {
-                count: reply.count,
-                window: Some(reply.max_model_len),
-            })
-        }
+        CallKind::Tokenize => match config.tokenizer.backend {
+            Backend::Vllm => vllm::parse_tokenize(config, status, body),
+            Backend::Sglang | Backend::Llamacpp => sglang::parse_tokenize(status, body),
+        },
         CallKind::InputTokens => {
             status_ok(status)?;
             Ok(Counted {
@@ -222,18 +150,7 @@ pub fn parse_count(
                 window: None,
             })
         }
-        CallKind::TokenList => {
-            status_ok(status)?;
-            let map = object(body)?;
-            let tokens = map
-                .get("tokens")
-                .and_then(Value::as_array)
-                .ok_or(Failure::Contract)?;
-            Ok(Counted {
-                count: tokens.len() as u64,
-                window: None,
-            })
-        }
+        CallKind::TokenList => llamacpp::parse_token_list(status, body),
         CallKind::Models | CallKind::Props => Err(Failure::Contract),
     }
 }
@@ -248,7 +165,6 @@ pub fn parse_window(
 ) -> Result<u64, Failure> {
     status_ok(status)?;
     let map = object(body)?;
-    let positive = |v: Option<&Value>| v.and_then(Value::as_u64).filter(|c| *c > 0);
     match kind {
         CallKind::Models => {
             let data = map
@@ -261,13 +177,14 @@ pub fn parse_window(
             let entry = named.or(data.first()).ok_or(Failure::Contract)?;
             positive(entry.get("max_model_len")).ok_or(Failure::Contract)
         }
-        CallKind::Props => positive(
-            map.get("default_generation_settings")
-                .and_then(|s| s.get("n_ctx")),
-        )
-        .ok_or(Failure::Contract),
+        CallKind::Props => llamacpp::parse_props(&map),
         _ => Err(Failure::Contract),
     }
+}
+
+/// A positive integer member.
+fn positive(v: Option<&Value>) -> Option<u64> {
+    v.and_then(Value::as_u64).filter(|c| *c > 0)
 }
 
 #[cfg(test)]

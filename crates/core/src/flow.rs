@@ -14,8 +14,9 @@ pub use crate::backend::Call;
 use crate::backend::{self, CallKind, Counted};
 use crate::cache;
 use crate::config::Config;
-use crate::plan::{decide, Count, Outcome as Plan, Source};
+use crate::plan::{decide, Count, Outcome, Source};
 use crate::reason::Reason;
+use crate::report::Report;
 use crate::request::{analyze_at, Counting, Endpoint, Request};
 use crate::rewrite::Edit;
 use crate::tokenize::{cache_key, Failure, Reply};
@@ -24,15 +25,9 @@ use std::cell::Cell;
 /// Tokenizer answers larger than this are not read (a contract failure).
 pub const MAX_REPLY_BYTES: usize = 1 << 20;
 
-/// The response headers the filter reports (docs/spec.md §9).
-pub const HEADER_ACTION: &str = "x-incontext-action";
-pub const HEADER_PROMPT: &str = "x-incontext-prompt-tokens";
-pub const HEADER_SOURCE: &str = "x-incontext-source";
-pub const HEADER_MAX_TOKENS: &str = "x-incontext-max-tokens";
-
 /// What the flow counts (the `incontext_*` counters).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Counter {
+pub enum Metric {
     Requests,
     Rewritten,
     Rejected,
@@ -57,7 +52,7 @@ pub trait Host {
         call: &Call,
         timeout_ms: u64,
     ) -> Option<u32>;
-    fn count(&mut self, counter: Counter);
+    fn increment(&mut self, metric: Metric);
 }
 
 /// One plugin configuration: what every request it filters shares.
@@ -104,7 +99,7 @@ impl Plugin {
 
 /// The request head as the flow reads it.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct Head<'a> {
+pub struct RequestHead<'a> {
     pub method: Option<&'a str>,
     pub path: Option<&'a str>,
     pub content_encoding: Option<&'a str>,
@@ -146,12 +141,12 @@ pub enum BodyStep {
 pub enum Step {
     /// A call is out: hold the request until its answer.
     Wait,
-    Done(Outcome),
+    Done(Action),
 }
 
 /// What to do with a held request.
 #[derive(Debug)]
-pub enum Outcome {
+pub enum Action {
     /// Resume it as it came.
     Continue,
     /// Replace the head of its body, then resume.
@@ -181,16 +176,6 @@ pub struct LocalReply {
     pub status: u32,
     pub headers: Vec<(&'static str, String)>,
     pub body: Vec<u8>,
-}
-
-/// What the response headers report.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Report {
-    action: &'static str,
-    reason: Option<Reason>,
-    prompt: Option<u64>,
-    source: Option<Source>,
-    max_tokens: Option<u64>,
 }
 
 /// A request held while its call is out.
@@ -260,7 +245,7 @@ impl Exchange {
     }
 
     fn unchanged(&mut self, host: &mut dyn Host, reason: Reason, count: Option<(u64, Source)>) {
-        host.count(Counter::Unchanged(reason));
+        host.increment(Metric::Unchanged(reason));
         log::debug!("incontext: unchanged ({})", reason.as_str());
         self.state = State::Passing;
         self.report = Some(Report {
@@ -273,8 +258,13 @@ impl Exchange {
     }
 
     /// The request head arrived.
-    pub fn on_headers(&mut self, plugin: &Plugin, host: &mut dyn Host, head: &Head) -> HeadStep {
-        host.count(Counter::Requests);
+    pub fn on_headers(
+        &mut self,
+        plugin: &Plugin,
+        host: &mut dyn Host,
+        head: &RequestHead,
+    ) -> HeadStep {
+        host.increment(Metric::Requests);
         if head.method != Some("POST") {
             self.unchanged(host, Reason::Method, None);
             return HeadStep::Continue;
@@ -352,12 +342,12 @@ impl Exchange {
             Ok(r) => r,
             Err(reason) => {
                 self.unchanged(host, reason, None);
-                return Step::Done(Outcome::Continue);
+                return Step::Done(Action::Continue);
             }
         };
         match req.counting {
             Counting::Tokenize => self.count(plugin, host, req, body),
-            _ if !self.validated(host, &req, &body) => Step::Done(Outcome::Continue),
+            _ if !self.validated(host, &req, &body) => Step::Done(Action::Continue),
             Counting::Exact(n) => {
                 let count = Count {
                     tokens: n,
@@ -393,7 +383,7 @@ impl Exchange {
             let valid = window
                 .is_none_or(|c| crate::tokenize::check_context(c, config.context_length).is_ok());
             if valid {
-                host.count(Counter::CacheHits);
+                host.increment(Metric::CacheHits);
                 let count = Count {
                     tokens: reply.count,
                     source: Source::Cache,
@@ -403,9 +393,9 @@ impl Exchange {
             }
         }
         if !self.validated(host, &req, &body) {
-            return Step::Done(Outcome::Continue);
+            return Step::Done(Action::Continue);
         }
-        host.count(Counter::CacheMisses);
+        host.increment(Metric::CacheMisses);
         let model = req.model_name(&body);
         let pending = Box::new(Pending {
             req,
@@ -430,21 +420,8 @@ impl Exchange {
     fn dispatch(&mut self, plugin: &Plugin, host: &mut dyn Host, call: &Call) -> Option<u32> {
         let t = &plugin.config.tokenizer;
         let length = call.body.as_ref().map(|b| b.len().to_string());
-        let mut headers: Vec<(&str, &str)> = vec![
-            (":method", call.method),
-            (":path", &call.path),
-            (":authority", &t.authority),
-            (
-                "user-agent",
-                concat!("incontext/", env!("CARGO_PKG_VERSION")),
-            ),
-        ];
-        if let Some(length) = length.as_deref() {
-            headers.push(("content-type", "application/json"));
-            headers.push(("content-length", length));
-        }
-        headers.extend(plugin.config.literal_headers());
-        host.count(Counter::TokenizerCalls);
+        let headers = backend::call_headers(&plugin.config, call, length.as_deref());
+        host.increment(Metric::TokenizerCalls);
         let token = host.dispatch(&t.cluster, &headers, call, t.timeout_ms);
         if token.is_none() {
             log::warn!("incontext: tokenizer call not dispatched");
@@ -491,7 +468,7 @@ impl Exchange {
                 match answer.read(|b| backend::parse_window(kind, model, answer.status, b)) {
                     Ok(c) => plugin.learn(host, &pending.model, c),
                     Err(failure) => {
-                        host.count(Counter::Failure(failure));
+                        host.increment(Metric::Failure(failure));
                         log::warn!(
                             "incontext: window call failed ({}); counting without it",
                             failure.as_str()
@@ -542,7 +519,7 @@ impl Exchange {
                 true
             }
             Some(Answered::Count(_, Err(failure))) => {
-                host.count(Counter::Failure(failure));
+                host.increment(Metric::Failure(failure));
                 true
             }
         }
@@ -598,7 +575,7 @@ impl Exchange {
         failure: Failure,
         pending: Box<Pending>,
     ) -> Step {
-        host.count(Counter::Failure(failure));
+        host.increment(Metric::Failure(failure));
         log::warn!(
             "incontext: tokenizer failure ({}); using the estimate",
             failure.as_str()
@@ -614,7 +591,7 @@ impl Exchange {
         req: &Request,
         body: Vec<u8>,
     ) -> Step {
-        host.count(Counter::Estimates);
+        host.increment(Metric::Estimates);
         match req.estimate(&body) {
             Some(tokens) => {
                 let count = Count {
@@ -626,7 +603,7 @@ impl Exchange {
             }
             None => {
                 self.unchanged(host, Reason::Internal, None);
-                Step::Done(Outcome::Continue)
+                Step::Done(Action::Continue)
             }
         }
     }
@@ -651,8 +628,8 @@ impl Exchange {
         let counted = Some((decision.prompt, decision.source));
         self.state = State::Passing;
         let outcome = match decision.outcome {
-            Plan::Rewrite { edit, value } => {
-                host.count(Counter::Rewritten);
+            Outcome::Rewrite { edit, value } => {
+                host.increment(Metric::Rewritten);
                 log::debug!(
                     "incontext: rewritten prompt={} source={} max_tokens={value}",
                     decision.prompt,
@@ -665,19 +642,19 @@ impl Exchange {
                     source: Some(decision.source),
                     max_tokens: Some(value),
                 });
-                Outcome::Rewrite(Rewrite { body, edit })
+                Action::Rewrite(Rewrite { body, edit })
             }
-            Plan::Unchanged(reason) => {
+            Outcome::Unchanged(reason) => {
                 if reason == Reason::WindowConfig && !plugin.warned_window.replace(true) {
                     log::error!(
                         "incontext: the learned context length leaves fallback_margin_tokens + min_output_tokens >= the window; requests for that model pass unchanged"
                     );
                 }
                 self.unchanged(host, reason, counted);
-                Outcome::Continue
+                Action::Continue
             }
-            Plan::Reject { body: error } => {
-                host.count(Counter::Rejected);
+            Outcome::Reject { body: error } => {
+                host.increment(Metric::Rejected);
                 log::debug!("incontext: rejected prompt={}", decision.prompt);
                 self.report = Some(Report {
                     action: "rejected",
@@ -691,7 +668,7 @@ impl Exchange {
                     headers.extend(self.report_headers());
                 }
                 self.replied = true;
-                Outcome::Reply(LocalReply {
+                Action::Reply(LocalReply {
                     status: 400,
                     headers,
                     body: error,
@@ -713,24 +690,10 @@ impl Exchange {
     }
 
     fn report_headers(&self) -> Vec<(&'static str, String)> {
-        let Some(report) = self.report.as_ref() else {
-            return Vec::new();
-        };
-        let action = match report.reason {
-            Some(reason) => format!("{}:{}", report.action, reason.as_str()),
-            None => report.action.to_string(),
-        };
-        let mut out = vec![(HEADER_ACTION, action)];
-        if let Some(p) = report.prompt {
-            out.push((HEADER_PROMPT, p.to_string()));
-        }
-        if let Some(s) = report.source {
-            out.push((HEADER_SOURCE, s.as_str().to_string()));
-        }
-        if let Some(m) = report.max_tokens {
-            out.push((HEADER_MAX_TOKENS, m.to_string()));
-        }
-        out
+        self.report
+            .as_ref()
+            .map(Report::headers)
+            .unwrap_or_default()
     }
 
     /// The headers to add to the upstream's response.
@@ -772,6 +735,7 @@ enum Answered {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::report::{HEADER_ACTION, HEADER_SOURCE};
     use std::collections::HashMap;
 
     /// A dispatched call: cluster, headers, call.
@@ -783,7 +747,7 @@ mod tests {
     struct FakeHost {
         shared: HashMap<String, Vec<u8>>,
         calls: Vec<Dispatched>,
-        counters: Vec<Counter>,
+        metrics: Vec<Metric>,
         refuse: bool,
     }
 
@@ -812,8 +776,8 @@ mod tests {
                 .push((cluster.to_string(), headers, call.clone()));
             Some(100 + self.calls.len() as u32)
         }
-        fn count(&mut self, counter: Counter) {
-            self.counters.push(counter);
+        fn increment(&mut self, metric: Metric) {
+            self.metrics.push(metric);
         }
     }
 
@@ -821,8 +785,8 @@ mod tests {
         fn last_token(&self) -> u32 {
             100 + self.calls.len() as u32
         }
-        fn has(&self, c: Counter) -> bool {
-            self.counters.contains(&c)
+        fn has(&self, c: Metric) -> bool {
+            self.metrics.contains(&c)
         }
     }
 
@@ -843,11 +807,11 @@ mod tests {
         r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":32768}"#;
     const MESSAGES: &str = r#"{"model":"m","system":"be brief","messages":[{"role":"user","content":"hi"}],"max_tokens":32000}"#;
 
-    fn head(path: &'static str) -> Head<'static> {
-        Head {
+    fn head(path: &'static str) -> RequestHead<'static> {
+        RequestHead {
             method: Some("POST"),
             path: Some(path),
-            ..Head::default()
+            ..RequestHead::default()
         }
     }
 
@@ -882,7 +846,7 @@ mod tests {
     /// The rewritten body as JSON.
     fn rewritten(step: Step) -> serde_json::Value {
         match step {
-            Step::Done(Outcome::Rewrite(mut r)) => {
+            Step::Done(Action::Rewrite(mut r)) => {
                 let (end, head) = r.head();
                 let (end, head) = (end, head.into_owned());
                 let mut out = head;
@@ -922,12 +886,12 @@ mod tests {
         assert_eq!(v["max_tokens"], 472);
         assert_eq!(header(&x, &p, HEADER_SOURCE).as_deref(), Some("exact"));
         assert_eq!(header(&x, &p, HEADER_ACTION).as_deref(), Some("rewritten"));
-        assert!(host.has(Counter::CacheMisses) && host.has(Counter::Rewritten));
+        assert!(host.has(Metric::CacheMisses) && host.has(Metric::Rewritten));
 
         let (x2, step) = send(&p, &mut host, "/v1/chat/completions", CHAT);
         assert_eq!(rewritten(step)["max_tokens"], 472);
         assert_eq!(host.calls.len(), 1, "a hit makes no call");
-        assert!(host.has(Counter::CacheHits));
+        assert!(host.has(Metric::CacheHits));
         assert_eq!(header(&x2, &p, HEADER_SOURCE).as_deref(), Some("cache"));
     }
 
@@ -969,8 +933,8 @@ mod tests {
             let v = rewritten(step);
             let estimate = crate::estimate::estimate(&[r#"[{"role":"user","content":"hi"}]"#]);
             assert_eq!(v["max_tokens"], 512 - estimate - 32, "{failure:?}");
-            assert!(host.has(Counter::Failure(failure)), "{failure:?}");
-            assert!(host.has(Counter::Estimates));
+            assert!(host.has(Metric::Failure(failure)), "{failure:?}");
+            assert!(host.has(Metric::Estimates));
             assert_eq!(header(&x, &p, HEADER_SOURCE).as_deref(), Some("estimate"));
             // Failures are never cached: the same request calls again.
             send(&p, &mut host, "/v1/chat/completions", CHAT);
@@ -993,7 +957,7 @@ mod tests {
             },
         )
         .unwrap();
-        assert!(host.has(Counter::Failure(Failure::Contract)));
+        assert!(host.has(Metric::Failure(Failure::Contract)));
         // A refused dispatch.
         let mut host = FakeHost {
             refuse: true,
@@ -1001,7 +965,7 @@ mod tests {
         };
         let (_, step) = send(&p, &mut host, "/v1/chat/completions", CHAT);
         rewritten(step);
-        assert!(host.has(Counter::Failure(Failure::Dispatch)));
+        assert!(host.has(Metric::Failure(Failure::Dispatch)));
     }
 
     #[test]
@@ -1030,7 +994,7 @@ mod tests {
         let mut y = Exchange::new();
         y.on_headers(&p, &mut host, &head("/v1/chat/completions"));
         y.on_trailers(&mut host);
-        assert!(host.has(Counter::Unchanged(Reason::NotJson)));
+        assert!(host.has(Metric::Unchanged(Reason::NotJson)));
         assert_eq!(y.on_body_chunk(&p, &mut host, 10, true), BodyStep::Continue);
     }
 
@@ -1040,21 +1004,21 @@ mod tests {
         let mut host = FakeHost::default();
         let cases = [
             (
-                Head {
+                RequestHead {
                     method: Some("GET"),
                     ..head("/v1/chat/completions")
                 },
                 Reason::Method,
             ),
             (
-                Head {
+                RequestHead {
                     content_encoding: Some("gzip"),
                     ..head("/v1/chat/completions")
                 },
                 Reason::Encoding,
             ),
             (
-                Head {
+                RequestHead {
                     content_length: Some("101"),
                     ..head("/x")
                 },
@@ -1063,7 +1027,7 @@ mod tests {
             (head("/v1/messages/count_tokens"), Reason::CountOnly),
             (head("/v1/responses?x=1"), Reason::ResponsesApi),
             (
-                Head {
+                RequestHead {
                     end_of_stream: true,
                     ..head("/x")
                 },
@@ -1085,7 +1049,7 @@ mod tests {
             x.on_body_chunk(&p, &mut host, 101, false),
             BodyStep::Continue
         );
-        assert!(host.has(Counter::Unchanged(Reason::TooLarge)));
+        assert!(host.has(Metric::Unchanged(Reason::TooLarge)));
     }
 
     #[test]
@@ -1110,7 +1074,7 @@ mod tests {
             ..FakeHost::default()
         };
         let (x, step) = send(&b, &mut other, "/v1/completions", ids);
-        assert!(matches!(step, Step::Done(Outcome::Continue)));
+        assert!(matches!(step, Step::Done(Action::Continue)));
         assert_eq!(
             header(&x, &b, HEADER_ACTION).as_deref(),
             Some("unchanged:no_window")
@@ -1129,7 +1093,7 @@ mod tests {
             200,
             r#"{"count":500,"max_model_len":512}"#,
         ) {
-            Step::Done(Outcome::Reply(r)) => {
+            Step::Done(Action::Reply(r)) => {
                 assert_eq!(r.status, 400);
                 let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
                 assert_eq!(v["error"]["code"], "context_length_exceeded");
@@ -1147,7 +1111,7 @@ mod tests {
             backend::MESSAGES_COUNT_PATH
         );
         match reply(&p, &mut host, &mut y, 200, r#"{"input_tokens":500}"#) {
-            Step::Done(Outcome::Reply(r)) => {
+            Step::Done(Action::Reply(r)) => {
                 let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
                 assert_eq!(v["type"], "error");
                 assert_eq!(
@@ -1173,7 +1137,7 @@ mod tests {
                 },
             )
             .unwrap();
-        assert!(!matches!(step, Step::Done(Outcome::Reply(_))));
+        assert!(!matches!(step, Step::Done(Action::Reply(_))));
     }
 
     #[test]
@@ -1237,7 +1201,7 @@ mod tests {
         let mut host = FakeHost::default();
         let (mut y, _) = send(&p, &mut host, "/v1/messages", body);
         let step = reply(&p, &mut host, &mut y, 200, r#"{"input_tokens":3100}"#);
-        assert!(matches!(step, Step::Done(Outcome::Continue)));
+        assert!(matches!(step, Step::Done(Action::Continue)));
         assert_eq!(
             header(&y, &p, HEADER_ACTION).as_deref(),
             Some("unchanged:thinking_budget")

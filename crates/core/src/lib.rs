@@ -16,6 +16,7 @@ pub mod json;
 pub mod payload;
 pub mod plan;
 pub mod reason;
+pub mod report;
 pub mod request;
 pub mod rewrite;
 pub mod rule;

@@ -6,7 +6,7 @@ use super::json::scan::scan;
 use super::reason::Reason;
 use super::request::{Form, Request};
 use super::rewrite::{splice_edit_with, Edit};
-use super::rule::{decide as rule, Inputs, Verdict};
+use super::rule::{evaluate, Inputs, Verdict};
 
 /// Where P came from (the `x-incontext-source` header).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -117,7 +117,7 @@ pub fn decide(
         cap: req.cap.map(|c| c.value),
         truncate: req.truncate,
     };
-    let outcome = match rule(&inputs) {
+    let outcome = match evaluate(&inputs) {
         Verdict::Rewrite(value) => match thinking_budget(req, body, value) {
             Ok(replace) => {
                 let (target, field) = req.target();

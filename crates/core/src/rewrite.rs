@@ -62,13 +62,13 @@ impl Edit {
 
 /// The new head as it is written: bytes copied from the body in order from its start only
 /// extend the kept part; from the first other write on, everything goes to the tail.
-struct Head<'a> {
+struct HeadWriter<'a> {
     body: &'a [u8],
     keep: usize,
     tail: Vec<u8>,
 }
 
-impl Head<'_> {
+impl HeadWriter<'_> {
     fn copy(&mut self, range: std::ops::Range<usize>) {
         if self.tail.is_empty() && range.start == self.keep {
             self.keep = range.end;
@@ -126,7 +126,7 @@ pub fn splice_edit_with(
         .filter_map(|i| members.get(i).map(|m| (i, m.value.end)))
         .max_by_key(|(_, end)| *end);
     let end = last.map_or(open, |(_, end)| end);
-    let mut out = Head {
+    let mut out = HeadWriter {
         body,
         keep: 0,
         tail: Vec::with_capacity(field.len() + number.len() + 4),
@@ -201,7 +201,7 @@ pub fn splice(
     splice_edit(body, members, drop, target, field, value).apply(body)
 }
 
-fn write_key(out: &mut Head, field: &str) {
+fn write_key(out: &mut HeadWriter, field: &str) {
     out.write(b"\"");
     out.write(field.as_bytes());
     out.write(b"\":");

@@ -31,7 +31,7 @@ pub enum Verdict {
 }
 
 /// value = min(W − P − margin, B, C − T); rewrite iff value ≥ min(R, B) (or R without B).
-pub fn decide(i: &Inputs) -> Verdict {
+pub fn evaluate(i: &Inputs) -> Verdict {
     let margin = if i.exact { 0 } else { i.margin };
     let remaining = i128::from(i.window) - i128::from(i.prompt) - i128::from(margin);
     let required = i.cap.map_or(i.reserve, |b| b.min(i.reserve));
@@ -70,9 +70,12 @@ mod tests {
 
     #[test]
     fn boundary_r_and_r_minus_one() {
-        assert_eq!(decide(&inputs(32768 - 4096, None)), Verdict::Rewrite(4096));
         assert_eq!(
-            decide(&inputs(32768 - 4095, None)),
+            evaluate(&inputs(32768 - 4096, None)),
+            Verdict::Rewrite(4096)
+        );
+        assert_eq!(
+            evaluate(&inputs(32768 - 4095, None)),
             Verdict::Insufficient {
                 value: 4095,
                 required: 4096
@@ -83,28 +86,31 @@ mod tests {
     #[test]
     fn never_below_r_without_cap() {
         assert!(matches!(
-            decide(&inputs(32767, None)),
+            evaluate(&inputs(32767, None)),
             Verdict::Insufficient { .. }
         ));
         assert!(matches!(
-            decide(&inputs(40000, None)),
+            evaluate(&inputs(40000, None)),
             Verdict::Insufficient { value: -7232, .. }
         ));
     }
 
     #[test]
     fn smaller_cap_kept_and_lowers_required() {
-        assert_eq!(decide(&inputs(100, Some(50))), Verdict::Rewrite(50));
+        assert_eq!(evaluate(&inputs(100, Some(50))), Verdict::Rewrite(50));
         // 60 tokens left, cap 50: fits
-        assert_eq!(decide(&inputs(32768 - 60, Some(50))), Verdict::Rewrite(50));
+        assert_eq!(
+            evaluate(&inputs(32768 - 60, Some(50))),
+            Verdict::Rewrite(50)
+        );
         // 49 left, cap 50: not enough for the caller's own minimum
         assert!(matches!(
-            decide(&inputs(32768 - 49, Some(50))),
+            evaluate(&inputs(32768 - 49, Some(50))),
             Verdict::Insufficient { required: 50, .. }
         ));
         // huge cap clamps to remaining
         assert_eq!(
-            decide(&inputs(1000, Some(u64::MAX))),
+            evaluate(&inputs(1000, Some(u64::MAX))),
             Verdict::Rewrite(31768)
         );
     }
@@ -113,7 +119,7 @@ mod tests {
     fn estimate_adds_margin() {
         let mut i = inputs(1000, None);
         i.exact = false;
-        assert_eq!(decide(&i), Verdict::Rewrite(32768 - 1000 - 1024));
+        assert_eq!(evaluate(&i), Verdict::Rewrite(32768 - 1000 - 1024));
     }
 
     #[test]
@@ -121,14 +127,14 @@ mod tests {
         let mut i = inputs(100, None);
         i.truncate = Some(30000);
         assert_eq!(
-            decide(&i),
+            evaluate(&i),
             Verdict::Insufficient {
                 value: 2768,
                 required: 4096
             }
         );
         i.reserve = 100;
-        assert_eq!(decide(&i), Verdict::Rewrite(2768));
+        assert_eq!(evaluate(&i), Verdict::Rewrite(2768));
     }
 
     proptest! {
@@ -137,7 +143,7 @@ mod tests {
                       exact: bool, cap in proptest::option::of(1u64..300_000)) {
             let i = Inputs { window: w, context: w, reserve: r, margin: f, prompt: p, exact, cap, truncate: None };
             let required = cap.map_or(r, |b| b.min(r));
-            match decide(&i) {
+            match evaluate(&i) {
                 Verdict::Rewrite(v) => {
                     prop_assert!(v >= required);
                     if let Some(b) = cap { prop_assert!(v <= b); }
@@ -145,7 +151,7 @@ mod tests {
                     prop_assert!(u128::from(p) + u128::from(margin) + u128::from(v) <= u128::from(w));
                     // monotone: one more prompt token never raises the value
                     let more = Inputs { prompt: p + 1, ..i };
-                    match decide(&more) {
+                    match evaluate(&more) {
                         Verdict::Rewrite(v2) => prop_assert!(v2 <= v),
                         Verdict::Insufficient { .. } => {}
                     }
@@ -155,7 +161,7 @@ mod tests {
                     prop_assert!(value < i128::from(required));
                     // monotone: more prompt never makes room
                     let more = Inputs { prompt: p + 1, ..i };
-                    let more_insufficient = matches!(decide(&more), Verdict::Insufficient { .. });
+                    let more_insufficient = matches!(evaluate(&more), Verdict::Insufficient { .. });
                     prop_assert!(more_insufficient);
                 }
             }
@@ -164,9 +170,9 @@ mod tests {
         #[test]
         fn boundary_is_exact(w in 10_000u64..200_000, r in 1u64..5_000) {
             let base = Inputs { window: w, context: w, reserve: r, margin: 0, prompt: w - r, exact: true, cap: None, truncate: None };
-            prop_assert_eq!(decide(&base), Verdict::Rewrite(r));
+            prop_assert_eq!(evaluate(&base), Verdict::Rewrite(r));
             let over = Inputs { prompt: w - r + 1, ..base };
-            let over_insufficient = matches!(decide(&over), Verdict::Insufficient { .. });
+            let over_insufficient = matches!(evaluate(&over), Verdict::Insufficient { .. });
             prop_assert!(over_insufficient);
         }
     }

@@ -5,18 +5,19 @@ use super::abi::{self, CONTINUE, PAUSE};
 use super::host::{self, BufferType, MapType};
 use super::Shared;
 use incontext_core::flow::{
-    Answer, BodyStep, Call, Counter, Exchange, Head, HeadStep, Host, Outcome, Step, MAX_REPLY_BYTES,
+    Action, Answer, BodyStep, Call, Exchange, HeadStep, Host, Metric, RequestHead, Step,
+    MAX_REPLY_BYTES,
 };
 use std::rc::Rc;
 
 /// The core's view of the host, for one stream.
-struct Env<'a> {
+struct HostView<'a> {
     shared: &'a Shared,
     stream: u32,
     root: u32,
 }
 
-impl Host for Env<'_> {
+impl Host for HostView<'_> {
     fn get_shared(&mut self, key: &str) -> Option<Vec<u8>> {
         host::get_shared(key).ok().flatten()
     }
@@ -42,8 +43,8 @@ impl Host for Env<'_> {
         )
     }
 
-    fn count(&mut self, counter: Counter) {
-        self.shared.metrics.bump(counter);
+    fn increment(&mut self, metric: Metric) {
+        self.shared.metrics.increment(metric);
     }
 }
 
@@ -86,8 +87,8 @@ impl Http {
         }
     }
 
-    fn env<'a>(&self, shared: &'a Shared) -> Env<'a> {
-        Env {
+    fn view<'a>(&self, shared: &'a Shared) -> HostView<'a> {
+        HostView {
             shared,
             stream: self.id,
             root: self.root,
@@ -116,19 +117,19 @@ impl Http {
     }
 
     /// Applies a step; returns whether the request stays held.
-    fn apply(&mut self, env: &mut Env, step: Step) -> bool {
+    fn apply(&mut self, view: &mut HostView, step: Step) -> bool {
         match step {
             Step::Wait => true,
-            Step::Done(Outcome::Continue) => false,
-            Step::Done(Outcome::Rewrite(mut rewrite)) => {
+            Step::Done(Action::Continue) => false,
+            Step::Done(Action::Rewrite(mut rewrite)) => {
                 let (end, head) = rewrite.head();
                 if let Err(e) = host::set_buffer(BufferType::HttpRequestBody, 0, end, &head) {
                     log::warn!("incontext: cannot replace the body (host status {})", e.0);
-                    self.exchange.on_apply_error(env);
+                    self.exchange.on_apply_error(view);
                 }
                 false
             }
-            Step::Done(Outcome::Reply(reply)) => {
+            Step::Done(Action::Reply(reply)) => {
                 let headers: Vec<(&str, &str)> = reply
                     .headers
                     .iter()
@@ -138,7 +139,7 @@ impl Http {
                     Ok(()) => true,
                     Err(e) => {
                         log::warn!("incontext: cannot send the rejection (host status {})", e.0);
-                        self.exchange.on_apply_error(env);
+                        self.exchange.on_apply_error(view);
                         false
                     }
                 }
@@ -150,14 +151,14 @@ impl Http {
         let Some(shared) = self.shared.clone() else {
             return;
         };
-        let mut env = self.env(&shared);
+        let mut view = self.view(&shared);
         let Some(step) = self
             .exchange
-            .on_reply(&shared.plugin, &mut env, &reply.answer(token))
+            .on_reply(&shared.plugin, &mut view, &reply.answer(token))
         else {
             return;
         };
-        if !self.apply(&mut env, step) {
+        if !self.apply(&mut view, step) {
             if let Err(e) = host::resume_request() {
                 log::warn!("incontext: cannot resume the request (host status {})", e.0);
             }
@@ -169,16 +170,16 @@ impl Http {
         let Some(shared) = self.shared.clone() else {
             return;
         };
-        let mut env = self.env(&shared);
+        let mut view = self.view(&shared);
         self.exchange
-            .on_late_reply(&shared.plugin, &mut env, &reply.answer(token));
+            .on_late_reply(&shared.plugin, &mut view, &reply.answer(token));
     }
 
     pub fn on_request_headers(&mut self, end_of_stream: bool) -> u32 {
         let Some(shared) = self.shared.clone() else {
             return CONTINUE;
         };
-        let mut env = self.env(&shared);
+        let mut view = self.view(&shared);
         let read = |name| header(MapType::RequestHeaders, name);
         let (Ok(method), Ok(path), Ok(encoding), Ok(length)) = (
             read(":method"),
@@ -186,18 +187,18 @@ impl Http {
             read("content-encoding"),
             read("content-length"),
         ) else {
-            env.count(Counter::Requests);
-            self.exchange.on_host_error(&mut env);
+            view.increment(Metric::Requests);
+            self.exchange.on_host_error(&mut view);
             return CONTINUE;
         };
-        let head = Head {
+        let head = RequestHead {
             method: method.as_deref(),
             path: path.as_deref(),
             content_encoding: encoding.as_deref(),
             content_length: length.as_deref(),
             end_of_stream,
         };
-        match self.exchange.on_headers(&shared.plugin, &mut env, &head) {
+        match self.exchange.on_headers(&shared.plugin, &mut view, &head) {
             HeadStep::Continue => CONTINUE,
             HeadStep::Buffer => {
                 if let Err(e) = host::remove_header(MapType::RequestHeaders, "content-length") {
@@ -205,7 +206,7 @@ impl Http {
                         "incontext: cannot remove content-length (host status {})",
                         e.0
                     );
-                    self.exchange.on_host_error(&mut env);
+                    self.exchange.on_host_error(&mut view);
                 }
                 CONTINUE
             }
@@ -216,10 +217,10 @@ impl Http {
         let Some(shared) = self.shared.clone() else {
             return CONTINUE;
         };
-        let mut env = self.env(&shared);
+        let mut view = self.view(&shared);
         match self
             .exchange
-            .on_body_chunk(&shared.plugin, &mut env, body_size, end_of_stream)
+            .on_body_chunk(&shared.plugin, &mut view, body_size, end_of_stream)
         {
             BodyStep::Continue => return CONTINUE,
             BodyStep::Buffer | BodyStep::Wait => return PAUSE,
@@ -229,12 +230,12 @@ impl Http {
             Ok(b) => b.unwrap_or_default(),
             Err(e) => {
                 log::warn!("incontext: cannot read the body (host status {})", e.0);
-                self.exchange.on_host_error(&mut env);
+                self.exchange.on_host_error(&mut view);
                 return CONTINUE;
             }
         };
-        let step = self.exchange.on_body(&shared.plugin, &mut env, body);
-        if self.apply(&mut env, step) {
+        let step = self.exchange.on_body(&shared.plugin, &mut view, body);
+        if self.apply(&mut view, step) {
             PAUSE
         } else {
             CONTINUE
@@ -243,7 +244,7 @@ impl Http {
 
     pub fn on_request_trailers(&mut self) -> u32 {
         if let Some(shared) = self.shared.clone() {
-            self.exchange.on_trailers(&mut self.env(&shared));
+            self.exchange.on_trailers(&mut self.view(&shared));
         }
         CONTINUE
     }

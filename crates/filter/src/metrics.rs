@@ -1,7 +1,7 @@
 //! The `incontext_*` counters (docs/spec.md §9). Envoy lists them as `wasmcustom.<name>`.
 
 use super::host;
-use incontext_core::flow::Counter;
+use incontext_core::flow::Metric;
 use incontext_core::reason::Reason;
 use incontext_core::tokenize::Failure;
 
@@ -43,17 +43,17 @@ impl Metrics {
         }
     }
 
-    pub fn bump(&self, c: Counter) {
+    pub fn increment(&self, c: Metric) {
         let id = match c {
-            Counter::Requests => self.requests,
-            Counter::Rewritten => self.rewritten,
-            Counter::Rejected => self.rejected,
-            Counter::TokenizerCalls => self.tokenizer_calls,
-            Counter::CacheHits => self.cache_hits,
-            Counter::CacheMisses => self.cache_misses,
-            Counter::Estimates => self.estimates,
-            Counter::Unchanged(r) => self.unchanged.get(r.index()).copied().flatten(),
-            Counter::Failure(f) => self.failures.get(f.index()).copied().flatten(),
+            Metric::Requests => self.requests,
+            Metric::Rewritten => self.rewritten,
+            Metric::Rejected => self.rejected,
+            Metric::TokenizerCalls => self.tokenizer_calls,
+            Metric::CacheHits => self.cache_hits,
+            Metric::CacheMisses => self.cache_misses,
+            Metric::Estimates => self.estimates,
+            Metric::Unchanged(r) => self.unchanged.get(r.index()).copied().flatten(),
+            Metric::Failure(f) => self.failures.get(f.index()).copied().flatten(),
         };
         if let Some(id) = id {
             let _ = host::increment(id);

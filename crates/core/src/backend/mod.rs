@@ -106,6 +106,29 @@ fn get(path: &str, kind: CallKind) -> Call {
     }
 }
 
+/// The headers of `call` to the tokenizer cluster; `length` is its body's length as text.
+pub fn call_headers<'a>(
+    config: &'a Config,
+    call: &'a Call,
+    length: Option<&'a str>,
+) -> Vec<(&'a str, &'a str)> {
+    let mut headers: Vec<(&str, &str)> = vec![
+        (":method", call.method),
+        (":path", &call.path),
+        (":authority", &config.tokenizer.authority),
+        (
+            "user-agent",
+            concat!("incontext/", env!("CARGO_PKG_VERSION")),
+        ),
+    ];
+    if let Some(length) = length {
+        headers.push(("content-type", "application/json"));
+        headers.push(("content-length", length));
+    }
+    headers.extend(config.literal_headers());
+    headers
+}
+
 /// The HTTP status gate every answer passes first.
 fn status_ok(status: Option<u16>) -> Result<(), Failure> {
     match status {

@@ -25,7 +25,8 @@ use common::{has_surrogate_escape, is_cap_field, json_value, ref_cap, show, CAP_
 use incontext_core::config::Config;
 use incontext_core::plan::{decide, Count, Decision, Outcome, Source};
 use incontext_core::reason::Reason;
-use incontext_core::request::{analyze, analyze_at, Counting, Endpoint, Form, Request};
+use incontext_core::dialect::{Endpoint, Form};
+use incontext_core::request::{analyze, analyze_at, Counting, Request};
 use incontext_core::json::scan::{scan, Member};
 use incontext_core::tokenize::{cache_key, payload};
 use libfuzzer_sys::fuzz_target;

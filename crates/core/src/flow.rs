@@ -14,10 +14,11 @@ pub use crate::backend::Call;
 use crate::backend::{self, CallKind, Counted};
 use crate::cache;
 use crate::config::Config;
+use crate::dialect::{classify_path, Endpoint};
 use crate::plan::{decide, Count, Outcome, Source};
 use crate::reason::Reason;
 use crate::report::Report;
-use crate::request::{analyze_at, Counting, Endpoint, Request};
+use crate::request::{analyze_at, Counting, Request};
 use crate::rewrite::Edit;
 use crate::tokenize::{cache_key, Failure, Reply};
 use std::cell::Cell;
@@ -216,21 +217,6 @@ pub struct Exchange {
 impl Default for Exchange {
     fn default() -> Self {
         Exchange::new()
-    }
-}
-
-/// `…/v1/messages` and friends, by path without the query.
-fn classify_path(path: &str) -> Result<Endpoint, Reason> {
-    let path = path.split(['?', '#']).next().unwrap_or_default();
-    let path = path.trim_end_matches('/');
-    if path.ends_with("/v1/messages") {
-        Ok(Endpoint::Messages)
-    } else if path.ends_with("/v1/messages/count_tokens") {
-        Err(Reason::CountOnly)
-    } else if path.ends_with("/v1/responses") || path.contains("/v1/responses/") {
-        Err(Reason::ResponsesApi)
-    } else {
-        Ok(Endpoint::OpenAi)
     }
 }
 

@@ -2,9 +2,8 @@
 //! rewritten body, the unchanged verdict, or the rejection (docs/spec.md §2, §5, §7).
 
 use super::config::{Config, OnInsufficient};
-use super::json::scan::scan;
 use super::reason::Reason;
-use super::request::{Form, Request};
+use super::request::Request;
 use super::rewrite::{splice_edit_with, Edit};
 use super::rule::{evaluate, Inputs, Verdict};
 
@@ -118,7 +117,7 @@ pub fn decide(
         truncate: req.truncate,
     };
     let outcome = match evaluate(&inputs) {
-        Verdict::Rewrite(value) => match thinking_budget(req, body, value) {
+        Verdict::Rewrite(value) => match req.form.companion_edit(req, body, value) {
             Ok(replace) => {
                 let (target, field) = req.target();
                 let replace = replace.as_ref().map(|(i, v)| (*i, v.as_slice()));
@@ -138,10 +137,7 @@ pub fn decide(
         Verdict::Insufficient { value, required } => {
             if exact && config.on_insufficient == OnInsufficient::Reject {
                 Outcome::Reject {
-                    body: match req.form {
-                        Form::Messages => anthropic_reject_body(w, prompt, required),
-                        _ => reject_body(w, prompt, value, required),
-                    },
+                    body: req.form.reject_body(w, prompt, value, required),
                 }
             } else {
                 Outcome::Unchanged(Reason::Insufficient)
@@ -153,81 +149,6 @@ pub fn decide(
         prompt,
         source: count.source,
     }
-}
-
-/// Anthropic's smallest extended-thinking budget.
-pub const MIN_THINKING_BUDGET: u64 = 1024;
-
-/// Extended thinking (docs/spec.md §10): the server refuses `thinking.budget_tokens >=
-/// max_tokens`. When the new cap would not exceed the caller's budget, the budget is lowered
-/// to `value - 1` (the member index of `thinking` and its new value); where that is below
-/// Anthropic's minimum, no valid request exists and the request passes unchanged.
-fn thinking_budget(
-    req: &Request,
-    body: &[u8],
-    value: u64,
-) -> Result<Option<(usize, Vec<u8>)>, Reason> {
-    let Some(idx) = req.fields.thinking.filter(|_| req.form == Form::Messages) else {
-        return Ok(None);
-    };
-    let Some(raw) = req.raw_bytes(body, Some(idx)) else {
-        return Ok(None);
-    };
-    let Ok(members) = scan(raw) else {
-        return Ok(None); // not an object: the server judges it, as without the filter
-    };
-    let text = |m: &crate::json::scan::Member| raw.get(m.value.clone()).unwrap_or_default();
-    let enabled = members
-        .iter()
-        .rev()
-        .find(|m| m.key == "type")
-        .is_some_and(|m| text(m) == b"\"enabled\"");
-    let Some(budget) = members.iter().rev().find(|m| m.key == "budget_tokens") else {
-        return Ok(None);
-    };
-    let Some(current) = std::str::from_utf8(text(budget))
-        .ok()
-        .and_then(|t| t.trim().parse::<u64>().ok())
-    else {
-        return Ok(None);
-    };
-    if !enabled || current < value {
-        return Ok(None);
-    }
-    let lowered = value - 1;
-    if lowered < MIN_THINKING_BUDGET {
-        return Err(Reason::ThinkingBudget);
-    }
-    let mut new = Vec::with_capacity(raw.len());
-    new.extend_from_slice(&raw[..budget.value.start]);
-    new.extend_from_slice(lowered.to_string().as_bytes());
-    new.extend_from_slice(&raw[budget.value.end..]);
-    Ok(Some((idx, new)))
-}
-
-/// Anthropic's "prompt is too long" error, on which Claude Code compacts its conversation.
-/// M is the largest prompt that leaves the required output: W − required.
-pub fn anthropic_reject_body(window: u64, prompt: u64, required: u64) -> Vec<u8> {
-    let maximum = window.saturating_sub(required);
-    format!(
-        r#"{{"type":"error","error":{{"type":"invalid_request_error","message":"prompt is too long: {prompt} tokens > {maximum} maximum"}}}}"#
-    )
-    .into_bytes()
-}
-
-/// An OpenAI-style error that agents recognise as "compress and retry".
-pub fn reject_body(window: u64, prompt: u64, value: i128, required: u64) -> Vec<u8> {
-    let left = value.max(0);
-    let message = format!(
-        "This model's maximum context length is {window} tokens. Your messages use {prompt} tokens, \
-         leaving {left} for the completion, fewer than the {required} required. \
-         Please reduce the length of the messages."
-    );
-    // Only numbers are interpolated: the text needs no JSON escaping.
-    format!(
-        r#"{{"error":{{"message":"{message}","type":"invalid_request_error","param":"messages","code":"context_length_exceeded"}}}}"#
-    )
-    .into_bytes()
 }
 
 #[cfg(test)]

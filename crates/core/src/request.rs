@@ -3,29 +3,9 @@
 
 use super::caps::{parse_cap, CapField};
 use super::config::Config;
-use super::estimate::estimate;
 use super::reason::Reason;
-use crate::json::scan::{is_value_at, is_ws, scan_skimming, Member, ScanError};
-use serde_json::value::RawValue;
-
-/// The request dialect: OpenAI chat (`messages`), OpenAI completion (`prompt`), or Anthropic
-/// Messages (the path ends in `/v1/messages`; docs/spec.md §10). It decides how caps are read
-/// and written, how the prompt is counted and estimated, and how a rejection looks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Form {
-    Chat,
-    Completion,
-    Messages,
-}
-
-/// What the request path says about the dialect, before the body is read.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Endpoint {
-    /// Any other path: the body's shape decides (chat or completion).
-    OpenAi,
-    /// `…/v1/messages`: Anthropic Messages.
-    Messages,
-}
+use crate::dialect::{Endpoint, Form};
+use crate::json::scan::{is_value_at, scan_skimming, Member, ScanError};
 
 /// How the prompt will be counted.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -96,13 +76,17 @@ fn skimmed(key: &str) -> bool {
 }
 
 /// The raw bytes of a field (no UTF-8 check: for hashing and first-byte tests).
-fn raw_bytes<'a>(body: &'a [u8], members: &[Member], idx: Option<usize>) -> Option<&'a [u8]> {
+pub(crate) fn raw_bytes<'a>(
+    body: &'a [u8],
+    members: &[Member],
+    idx: Option<usize>,
+) -> Option<&'a [u8]> {
     body.get(members.get(idx?)?.value.clone())
 }
 
 /// The raw text of a field. Checks UTF-8 again (linear in its size): use `raw_bytes` where
 /// bytes do.
-fn raw<'a>(body: &'a [u8], members: &[Member], idx: Option<usize>) -> Option<&'a str> {
+pub(crate) fn raw<'a>(body: &'a [u8], members: &[Member], idx: Option<usize>) -> Option<&'a str> {
     let m = members.get(idx?)?;
     std::str::from_utf8(body.get(m.value.clone())?).ok()
 }
@@ -112,10 +96,6 @@ fn value_is_valid(body: &[u8], members: &[Member], i: usize) -> bool {
     members
         .get(i)
         .is_some_and(|m| is_value_at(body, m.value.clone()))
-}
-
-fn is_null(v: Option<&str>) -> bool {
-    v.is_none_or(|v| v == "null")
 }
 
 /// Scans and classifies a request body. `Err` is the reason to leave it unchanged.
@@ -157,9 +137,7 @@ pub fn analyze_at(body: &[u8], config: &Config, endpoint: Endpoint) -> Result<Re
             "thinking" => &mut f.thinking,
             "output_config" => &mut f.output_config,
             key => {
-                // Anthropic's only cap is `max_tokens`; other names are not caps there.
-                let field = CapField::from_key(key)
-                    .filter(|c| endpoint == Endpoint::OpenAi || *c == CapField::MaxTokens);
+                let field = CapField::from_key(key).filter(|c| endpoint.is_cap(*c));
                 if let Some(field) = field {
                     cap_members.push(i);
                     last_cap[field as usize] = Some(i);
@@ -183,13 +161,7 @@ pub fn analyze_at(body: &[u8], config: &Config, endpoint: Endpoint) -> Result<Re
     unchecked.retain(hashed);
 
     let messages = raw_bytes(body, &members, f.messages);
-    let form = match (endpoint, messages, f.prompt) {
-        (Endpoint::Messages, Some(m), _) if m.starts_with(b"[") => Form::Messages,
-        (Endpoint::Messages, _, _) => return Err(Reason::Shape),
-        (Endpoint::OpenAi, Some(m), _) if m.starts_with(b"[") => Form::Chat,
-        (Endpoint::OpenAi, None, Some(_)) => Form::Completion,
-        _ => return Err(Reason::Shape),
-    };
+    let form = endpoint.form(messages, f.prompt.is_some())?;
 
     if config.models.is_some() {
         let model =
@@ -221,29 +193,19 @@ pub fn analyze_at(body: &[u8], config: &Config, endpoint: Endpoint) -> Result<Re
             });
         }
     }
-    // vLLM's completions default `max_tokens` to 16, and Anthropic requires it: without a
-    // cap there is nothing to budget.
-    if form != Form::Chat && cap.is_none() {
+    if form.requires_cap() && cap.is_none() {
         return Err(Reason::NoCap);
     }
 
-    let truncate = match form {
-        Form::Messages => None,
-        _ => {
-            raw(body, &members, f.truncate_prompt_tokens).and_then(|t| t.trim().parse::<u64>().ok())
-        }
+    let truncate = if form.reads_truncate() {
+        raw(body, &members, f.truncate_prompt_tokens).and_then(|t| t.trim().parse::<u64>().ok())
+    } else {
+        None
     };
 
-    let choice =
-        raw(body, &members, f.tool_choice).and_then(|c| serde_json::from_str::<String>(c).ok());
-    let omit_tools = form == Form::Chat
-        && config.exclude_tools_when_tool_choice_none
-        && choice.as_deref() == Some("none");
-    let counting = match form {
-        Form::Chat => chat_counting(body, &members, &f, config),
-        Form::Completion => completion_counting(body, &members, &f)?,
-        Form::Messages => Counting::Tokenize,
-    };
+    let omit_tools =
+        form == Form::Chat && crate::dialect::chat::omit_tools(body, &members, &f, config);
+    let counting = form.counting(body, &members, &f, config)?;
 
     Ok(Request {
         form,
@@ -256,65 +218,6 @@ pub fn analyze_at(body: &[u8], config: &Config, endpoint: Endpoint) -> Result<Re
         unchecked,
         omit_tools,
     })
-}
-
-/// Structured output and a forced tool choice constrain decoding, not the prompt the chat
-/// template renders: they are counted like any request, unless the configuration says the
-/// server's template reads them (`estimate_constrained`).
-fn chat_counting(body: &[u8], members: &[Member], f: &Fields, config: &Config) -> Counting {
-    if !config.estimate_constrained {
-        return Counting::Tokenize;
-    }
-    if !is_null(raw(body, members, f.response_format)) {
-        return Counting::Estimate;
-    }
-    let tools = raw_bytes(body, members, f.tools).unwrap_or(b"null");
-    let has_tools =
-        tools.starts_with(b"[") && tools[1..].iter().find(|b| !is_ws(**b)) != Some(&b']');
-    if has_tools {
-        let choice = raw(body, members, f.tool_choice);
-        let auto = is_null(choice)
-            || choice
-                .is_some_and(|c| serde_json::from_str::<String>(c).ok().as_deref() == Some("auto"));
-        if !auto {
-            return Counting::Estimate;
-        }
-    }
-    Counting::Tokenize
-}
-
-fn completion_counting(body: &[u8], members: &[Member], f: &Fields) -> Result<Counting, Reason> {
-    let prompt = raw(body, members, f.prompt).ok_or(Reason::Shape)?;
-    if prompt.starts_with('"') {
-        return Ok(Counting::Tokenize);
-    }
-    let items: Vec<&RawValue> = serde_json::from_str(prompt).map_err(|_| Reason::Shape)?;
-    let ids = |v: &RawValue| {
-        serde_json::from_str::<Vec<u64>>(v.get())
-            .ok()
-            .map(|ids| ids.len() as u64)
-    };
-    match items.first().map(|i| i.get().as_bytes()[0]) {
-        // A single list of token ids.
-        Some(b'0'..=b'9') => serde_json::from_str::<Vec<u64>>(prompt)
-            .map(|v| Counting::Exact(v.len() as u64))
-            .map_err(|_| Reason::Shape),
-        // A batch of token-id lists: the longest one binds.
-        Some(b'[') => items
-            .iter()
-            .map(|i| ids(i).filter(|n| *n > 0))
-            .collect::<Option<Vec<u64>>>()
-            .and_then(|v| v.into_iter().max())
-            .map(Counting::Exact)
-            .ok_or(Reason::Shape),
-        // One string in a list is the plain string prompt; a batch is estimated.
-        Some(b'"') if items.iter().all(|i| i.get().starts_with('"')) => Ok(if items.len() == 1 {
-            Counting::Tokenize
-        } else {
-            Counting::Estimate
-        }),
-        _ => Err(Reason::Shape),
-    }
 }
 
 impl Request {
@@ -352,75 +255,17 @@ impl Request {
 
     /// The rough estimate for this request (docs/spec.md §7), at least 1.
     pub fn estimate(&self, body: &[u8]) -> Option<u64> {
-        let n = match self.form {
-            Form::Messages => {
-                let f = &self.fields;
-                let mut parts = vec![self.raw(body, f.messages)?];
-                parts.extend(self.raw(body, f.system));
-                parts.extend(self.raw(body, f.tools).filter(|t| t.starts_with('[')));
-                estimate(&parts)
-            }
-            Form::Chat => {
-                let messages = self.raw(body, self.fields.messages)?;
-                match self.raw(body, self.fields.tools) {
-                    Some(t) if t.starts_with('[') => estimate(&[messages, t]),
-                    _ => estimate(&[messages]),
-                }
-            }
-            Form::Completion => {
-                let prompt = self.raw(body, self.fields.prompt)?;
-                if prompt.starts_with('[') {
-                    // A batch: the longest prompt binds.
-                    let items: Vec<&RawValue> = serde_json::from_str(prompt).ok()?;
-                    items.iter().map(|i| estimate(&[i.get()])).max()?
-                } else {
-                    estimate(&[prompt])
-                }
-            }
-        };
-        Some(n.max(1))
+        self.form.estimate(self, body)
     }
 
     /// Whether every message's content is text (T may then lower the count; docs/spec.md §5).
     pub fn text_only(&self, body: &[u8]) -> bool {
-        if self.form == Form::Messages {
-            return false;
-        }
-        let Some(messages) = self.raw(body, self.fields.messages) else {
-            return true; // completion form: the prompt is text or ids
-        };
-        #[derive(serde::Deserialize)]
-        struct Message<'a> {
-            #[serde(borrow, default)]
-            content: Option<&'a RawValue>,
-        }
-        #[derive(serde::Deserialize)]
-        struct Part<'a> {
-            #[serde(borrow, rename = "type", default)]
-            kind: Option<std::borrow::Cow<'a, str>>,
-        }
-        let Ok(list) = serde_json::from_str::<Vec<Message>>(messages) else {
-            return false;
-        };
-        list.iter().all(|m| match m.content.map(|c| c.get()) {
-            None => true,
-            Some(c) if c.starts_with('[') => serde_json::from_str::<Vec<Part>>(c)
-                .map(|parts| parts.iter().all(|p| p.kind.as_deref() == Some("text")))
-                .unwrap_or(false),
-            Some(_) => true,
-        })
+        self.form.text_only(self, body)
     }
 
-    /// The field to write and where: the caller's field (a chat's `max_output_tokens` is
-    /// written as `max_tokens`), or `max_tokens` appended when there was no valid cap.
+    /// The field to write and where (see [`Form::target`]).
     pub fn target(&self) -> (Option<usize>, &'static str) {
-        match self.cap {
-            Some(c) if self.form == Form::Chat && c.field == CapField::MaxOutputTokens => {
-                (Some(c.member), CapField::MaxTokens.name())
-            }
-            Some(c) => (Some(c.member), c.field.name()),
-            None => (None, CapField::MaxTokens.name()),
-        }
+        self.form.target(self)
     }
 }
 

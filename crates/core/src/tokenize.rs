@@ -1,7 +1,7 @@
 //! The exact count (docs/spec.md §5): the `/tokenize` payload built from the request, the response
 //! contract, and the cache key (docs/spec.md §6).
 
-pub use super::payload::payload;
+pub use super::dialect::payload;
 use super::request::Request;
 use serde_json::Value;
 use xxhash_rust::xxh3::Xxh3;

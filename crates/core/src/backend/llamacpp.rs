@@ -3,8 +3,9 @@
 
 use super::{get, object, positive, post, status_ok, Call, CallKind, Counted};
 use crate::config::TokenizerConfig;
+use crate::dialect::Form;
 use crate::json::scan::array_items;
-use crate::request::{Form, Request};
+use crate::request::Request;
 use crate::tokenize::Failure;
 use serde_json::Value;
 

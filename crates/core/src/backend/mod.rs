@@ -7,7 +7,8 @@ mod sglang;
 mod vllm;
 
 use crate::config::{Backend, Config};
-use crate::request::{Form, Request};
+use crate::dialect::Form;
+use crate::request::Request;
 use crate::tokenize::Failure;
 use serde_json::Value;
 
@@ -213,7 +214,8 @@ fn positive(v: Option<&Value>) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::request::{analyze_at, Endpoint};
+    use crate::dialect::Endpoint;
+    use crate::request::analyze_at;
 
     fn cfg(backend: &str) -> Config {
         Config::parse(

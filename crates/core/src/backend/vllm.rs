@@ -3,8 +3,9 @@
 
 use super::{get, post, Call, CallKind, Counted, MODELS_PATH};
 use crate::config::{Config, TokenizerConfig};
-use crate::payload::payload;
-use crate::request::{Form, Request};
+use crate::dialect::payload;
+use crate::dialect::Form;
+use crate::request::Request;
 use crate::tokenize::{check_context, Failure};
 
 /// The count call for an OpenAI dialect.

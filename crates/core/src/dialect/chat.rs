@@ -1,13 +1,123 @@
-//! The `/tokenize` payload (docs/spec.md §5), written from the raw request slices without building a
-//! DOM: values are copied in compact form; only strings with escapes are decoded and written
-//! again (so the payload reads as Python's `json.dumps(..., ensure_ascii=False,
-//! separators=(",", ":"))` of the request would), and message / `chat_template_kwargs`
-//! objects are rewritten member by member where a key has to change.
+//! OpenAI chat (`messages`; docs/spec.md §4, §5, §7): every cap field is a cap (a
+//! `max_output_tokens` is written as `max_tokens`, which vLLM's chat endpoint reads); counted
+//! by vLLM's `/tokenize` with the chat payload below, written from the raw request slices
+//! without building a DOM: values are copied in compact form; only strings with escapes are
+//! decoded and written again (so the payload reads as Python's `json.dumps(...,
+//! ensure_ascii=False, separators=(",", ":"))` of the request would), and message /
+//! `chat_template_kwargs` objects are rewritten member by member where a key has to change.
+//! The estimate reads `messages` and `tools`; a rejection is OpenAI's
+//! `context_length_exceeded`.
 
-use super::request::{Form, Request};
+use super::{write_field, write_key};
+use crate::caps::CapField;
+use crate::config::Config;
+use crate::estimate::estimate as rough;
 use crate::json::compact::{compact, write_string};
 use crate::json::find::contains;
-use crate::json::scan::{array_items, scan, Member};
+use crate::json::scan::{array_items, is_ws, scan, Member};
+use crate::request::{raw, raw_bytes, Counting, Fields, Request};
+use serde_json::value::RawValue;
+
+fn is_null(v: Option<&str>) -> bool {
+    v.is_none_or(|v| v == "null")
+}
+
+/// Structured output and a forced tool choice constrain decoding, not the prompt the chat
+/// template renders: they are counted like any request, unless the configuration says the
+/// server's template reads them (`estimate_constrained`).
+pub fn counting(body: &[u8], members: &[Member], f: &Fields, config: &Config) -> Counting {
+    if !config.estimate_constrained {
+        return Counting::Tokenize;
+    }
+    if !is_null(raw(body, members, f.response_format)) {
+        return Counting::Estimate;
+    }
+    let tools = raw_bytes(body, members, f.tools).unwrap_or(b"null");
+    let has_tools =
+        tools.starts_with(b"[") && tools[1..].iter().find(|b| !is_ws(**b)) != Some(&b']');
+    if has_tools {
+        let choice = raw(body, members, f.tool_choice);
+        let auto = is_null(choice)
+            || choice
+                .is_some_and(|c| serde_json::from_str::<String>(c).ok().as_deref() == Some("auto"));
+        if !auto {
+            return Counting::Estimate;
+        }
+    }
+    Counting::Tokenize
+}
+
+/// Whether `tools` is left out of the count: `tool_choice: "none"` on a server that drops
+/// them (`exclude_tools_when_tool_choice_none`).
+pub fn omit_tools(body: &[u8], members: &[Member], f: &Fields, config: &Config) -> bool {
+    let choice =
+        raw(body, members, f.tool_choice).and_then(|c| serde_json::from_str::<String>(c).ok());
+    config.exclude_tools_when_tool_choice_none && choice.as_deref() == Some("none")
+}
+
+/// The estimate over the raw `messages` and `tools` (when an array).
+pub fn estimate(req: &Request, body: &[u8]) -> Option<u64> {
+    let messages = req.raw(body, req.fields.messages)?;
+    Some(match req.raw(body, req.fields.tools) {
+        Some(t) if t.starts_with('[') => rough(&[messages, t]),
+        _ => rough(&[messages]),
+    })
+}
+
+/// Whether every message's content is text (T may then lower the count; docs/spec.md §5).
+pub fn text_only(req: &Request, body: &[u8]) -> bool {
+    let Some(messages) = req.raw(body, req.fields.messages) else {
+        return true;
+    };
+    #[derive(serde::Deserialize)]
+    struct Message<'a> {
+        #[serde(borrow, default)]
+        content: Option<&'a RawValue>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Part<'a> {
+        #[serde(borrow, rename = "type", default)]
+        kind: Option<std::borrow::Cow<'a, str>>,
+    }
+    let Ok(list) = serde_json::from_str::<Vec<Message>>(messages) else {
+        return false;
+    };
+    list.iter().all(|m| match m.content.map(|c| c.get()) {
+        None => true,
+        Some(c) if c.starts_with('[') => serde_json::from_str::<Vec<Part>>(c)
+            .map(|parts| parts.iter().all(|p| p.kind.as_deref() == Some("text")))
+            .unwrap_or(false),
+        Some(_) => true,
+    })
+}
+
+/// The field to write and where: the caller's field (a `max_output_tokens` is written as
+/// `max_tokens`), or `max_tokens` appended when there was no valid cap.
+pub fn target(req: &Request) -> (Option<usize>, &'static str) {
+    match req.cap {
+        Some(c) if c.field == CapField::MaxOutputTokens => {
+            (Some(c.member), CapField::MaxTokens.name())
+        }
+        Some(c) => (Some(c.member), c.field.name()),
+        None => (None, CapField::MaxTokens.name()),
+    }
+}
+
+/// An OpenAI-style error that agents recognise as "compress and retry" (chat and
+/// completions).
+pub fn reject_body(window: u64, prompt: u64, value: i128, required: u64) -> Vec<u8> {
+    let left = value.max(0);
+    let message = format!(
+        "This model's maximum context length is {window} tokens. Your messages use {prompt} tokens, \
+         leaving {left} for the completion, fewer than the {required} required. \
+         Please reduce the length of the messages."
+    );
+    // Only numbers are interpolated: the text needs no JSON escaping.
+    format!(
+        r#"{{"error":{{"message":"{message}","type":"invalid_request_error","param":"messages","code":"context_length_exceeded"}}}}"#
+    )
+    .into_bytes()
+}
 
 /// The raw text of a member's key (with quotes).
 fn key_text<'a>(object: &'a str, m: &Member) -> &'a str {
@@ -24,12 +134,6 @@ fn write_member(object: &str, m: &Member, key: Option<&str>, out: &mut Vec<u8>) 
         }
     }
     compact(&object[m.value.clone()], out)
-}
-
-fn write_key(key: &str, out: &mut Vec<u8>) {
-    out.push(b'"');
-    out.extend_from_slice(key.as_bytes());
-    out.extend_from_slice(b"\":");
 }
 
 /// A message, with `reasoning_content` renamed `reasoning` unless `reasoning` is non-null
@@ -168,79 +272,40 @@ fn write_template_kwargs(req: &Request, body: &[u8], out: &mut Vec<u8>) -> Optio
     Some(())
 }
 
-/// Builds the `/tokenize` payload. `None` when a field it needs is not of the expected form
-/// (the caller then uses the estimate).
+/// The chat `/tokenize` payload (docs/spec.md §5). `None` when a field it needs is not of the
+/// expected form.
 pub fn payload(req: &Request, body: &[u8]) -> Option<Vec<u8>> {
     let f = &req.fields;
     let mut out = Vec::with_capacity(
-        req.raw_bytes(body, f.messages.or(f.prompt))
+        req.raw_bytes(body, f.messages)
             .map_or(64, |m| m.len() + 256),
     );
     out.push(b'{');
-    let field = |out: &mut Vec<u8>, name: &str, raw: Option<&str>| -> Option<()> {
-        if let Some(raw) = raw {
-            if out.len() > 1 {
-                out.push(b',');
-            }
-            write_key(name, out);
-            compact(raw, out)?;
-        }
-        Some(())
-    };
-    field(&mut out, "model", req.raw(body, f.model))?;
-    match req.form {
-        Form::Completion => {
-            let mut prompt = req.raw(body, f.prompt)?;
-            if prompt.starts_with('[') {
-                match array_items(prompt.as_bytes())?.as_slice() {
-                    [one] => prompt = prompt.get(one.clone())?,
-                    _ => return None,
-                }
-            }
-            field(&mut out, "prompt", Some(prompt))?;
-            field(
-                &mut out,
-                "add_special_tokens",
-                req.raw(body, f.add_special_tokens),
-            )?;
-        }
-        // Anthropic requests go to the backend's own counter as they are.
-        Form::Messages => return None,
-        Form::Chat => {
-            if out.len() > 1 {
-                out.push(b',');
-            }
-            out.extend_from_slice(b"\"messages\":");
-            write_messages(req.raw(body, f.messages)?, &mut out)?;
-            let tools = req
-                .raw(body, f.tools)
-                .filter(|t| t.starts_with('[') && !req.omit_tools);
-            field(&mut out, "tools", tools)?;
-            let agp = req.raw(body, f.add_generation_prompt).or(Some("true"));
-            field(&mut out, "add_generation_prompt", agp)?;
-            field(
-                &mut out,
-                "continue_final_message",
-                req.raw(body, f.continue_final_message),
-            )?;
-            field(
-                &mut out,
-                "add_special_tokens",
-                req.raw(body, f.add_special_tokens),
-            )?;
-            field(&mut out, "chat_template", req.raw(body, f.chat_template))?;
-            write_template_kwargs(req, body, &mut out)?;
-            field(
-                &mut out,
-                "media_io_kwargs",
-                req.raw(body, f.media_io_kwargs),
-            )?;
-            field(
-                &mut out,
-                "mm_processor_kwargs",
-                req.raw(body, f.mm_processor_kwargs),
-            )?;
-        }
+    write_field(&mut out, "model", req.raw(body, f.model))?;
+    if out.len() > 1 {
+        out.push(b',');
+    }
+    out.extend_from_slice(b"\"messages\":");
+    write_messages(req.raw(body, f.messages)?, &mut out)?;
+    let tools = req
+        .raw(body, f.tools)
+        .filter(|t| t.starts_with('[') && !req.omit_tools);
+    write_field(&mut out, "tools", tools)?;
+    let agp = req.raw(body, f.add_generation_prompt).or(Some("true"));
+    write_field(&mut out, "add_generation_prompt", agp)?;
+    for (name, idx) in [
+        ("continue_final_message", f.continue_final_message),
+        ("add_special_tokens", f.add_special_tokens),
+        ("chat_template", f.chat_template),
+    ] {
+        write_field(&mut out, name, req.raw(body, idx))?;
+    }
+    write_template_kwargs(req, body, &mut out)?;
+    for (name, idx) in [
+        ("media_io_kwargs", f.media_io_kwargs),
+        ("mm_processor_kwargs", f.mm_processor_kwargs),
+    ] {
+        write_field(&mut out, name, req.raw(body, idx))?;
     }
     out.push(b'}');
     Some(out)

@@ -1,0 +1,188 @@
+//! The request dialect axis: OpenAI chat (`messages`), OpenAI completion (`prompt`), and
+//! Anthropic Messages (docs/spec.md §4, §10). One module per dialect holds what differs
+//! between them: which fields are caps, how the prompt is counted and what the count payload
+//! is, which raw slices the estimate reads, and how a rejection looks. This module names the
+//! dialects and dispatches to them.
+
+pub mod chat;
+pub mod completion;
+pub mod messages;
+
+use crate::caps::CapField;
+use crate::config::Config;
+use crate::json::scan::Member;
+use crate::reason::Reason;
+use crate::request::{Counting, Fields, Request};
+
+/// The request dialect. It decides how caps are read and written, how the prompt is counted
+/// and estimated, and how a rejection looks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Form {
+    Chat,
+    Completion,
+    Messages,
+}
+
+/// What the request path says about the dialect, before the body is read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    /// Any other path: the body's shape decides (chat or completion).
+    OpenAi,
+    /// `…/v1/messages`: Anthropic Messages.
+    Messages,
+}
+
+/// The endpoint of a request path (without the query), or why it is not budgeted.
+pub fn classify_path(path: &str) -> Result<Endpoint, Reason> {
+    let path = path.split(['?', '#']).next().unwrap_or_default();
+    let path = path.trim_end_matches('/');
+    if path.ends_with("/v1/messages") {
+        Ok(Endpoint::Messages)
+    } else if path.ends_with("/v1/messages/count_tokens") {
+        Err(Reason::CountOnly)
+    } else if path.ends_with("/v1/responses") || path.contains("/v1/responses/") {
+        Err(Reason::ResponsesApi)
+    } else {
+        Ok(Endpoint::OpenAi)
+    }
+}
+
+impl Endpoint {
+    /// Whether a top-level member named by `field` is a caller cap at this endpoint.
+    pub fn is_cap(self, field: CapField) -> bool {
+        match self {
+            Endpoint::OpenAi => true,
+            Endpoint::Messages => messages::is_cap(field),
+        }
+    }
+
+    /// The dialect of a body sent here, from the raw `messages` and whether `prompt` is
+    /// present.
+    pub fn form(self, messages: Option<&[u8]>, has_prompt: bool) -> Result<Form, Reason> {
+        let array = messages.is_some_and(|m| m.starts_with(b"["));
+        match self {
+            Endpoint::Messages if array => Ok(Form::Messages),
+            Endpoint::Messages => Err(Reason::Shape),
+            Endpoint::OpenAi if array => Ok(Form::Chat),
+            Endpoint::OpenAi if messages.is_none() && has_prompt => Ok(Form::Completion),
+            Endpoint::OpenAi => Err(Reason::Shape),
+        }
+    }
+}
+
+impl Form {
+    /// Whether a request without a valid cap is left unchanged (`no_cap`).
+    pub fn requires_cap(self) -> bool {
+        match self {
+            Form::Chat => false,
+            Form::Completion => completion::REQUIRES_CAP,
+            Form::Messages => messages::REQUIRES_CAP,
+        }
+    }
+
+    /// Whether `truncate_prompt_tokens` (T) is read.
+    pub fn reads_truncate(self) -> bool {
+        self != Form::Messages
+    }
+
+    /// How the prompt will be counted.
+    pub fn counting(
+        self,
+        body: &[u8],
+        members: &[Member],
+        f: &Fields,
+        config: &Config,
+    ) -> Result<Counting, Reason> {
+        match self {
+            Form::Chat => Ok(chat::counting(body, members, f, config)),
+            Form::Completion => completion::counting(body, members, f),
+            Form::Messages => Ok(Counting::Tokenize),
+        }
+    }
+
+    /// The rough estimate's raw slices for `req` (docs/spec.md §7), at least 1.
+    pub fn estimate(self, req: &Request, body: &[u8]) -> Option<u64> {
+        let n = match self {
+            Form::Chat => chat::estimate(req, body)?,
+            Form::Completion => completion::estimate(req, body)?,
+            Form::Messages => messages::estimate(req, body)?,
+        };
+        Some(n.max(1))
+    }
+
+    /// Whether every message's content is text (T may then lower the count; docs/spec.md §5).
+    pub fn text_only(self, req: &Request, body: &[u8]) -> bool {
+        match self {
+            Form::Chat => chat::text_only(req, body),
+            // The prompt is text or ids.
+            Form::Completion => true,
+            Form::Messages => false,
+        }
+    }
+
+    /// A member to change beside the cap so the rewritten request stays valid (Anthropic's
+    /// thinking budget), or why no valid rewrite exists.
+    pub fn companion_edit(
+        self,
+        req: &Request,
+        body: &[u8],
+        value: u64,
+    ) -> Result<Option<(usize, Vec<u8>)>, Reason> {
+        match self {
+            Form::Messages => messages::thinking_budget(req, body, value),
+            Form::Chat | Form::Completion => Ok(None),
+        }
+    }
+
+    /// The field to write and where: the caller's field, or `max_tokens` appended when there
+    /// was no valid cap.
+    pub fn target(self, req: &Request) -> (Option<usize>, &'static str) {
+        match self {
+            Form::Chat => chat::target(req),
+            Form::Completion | Form::Messages => match req.cap {
+                Some(c) => (Some(c.member), c.field.name()),
+                None => (None, CapField::MaxTokens.name()),
+            },
+        }
+    }
+
+    /// The answer to a request rejected for want of room: W, P, the value the rule found and
+    /// the required minimum.
+    pub fn reject_body(self, window: u64, prompt: u64, value: i128, required: u64) -> Vec<u8> {
+        match self {
+            Form::Chat | Form::Completion => chat::reject_body(window, prompt, value, required),
+            Form::Messages => messages::reject_body(window, prompt, required),
+        }
+    }
+}
+
+/// Builds vLLM's `/tokenize` payload for `req` (docs/spec.md §5). `None` when a field it needs
+/// is not of the expected form (the caller then uses the estimate), or when the dialect is
+/// counted by the backend's own counter with the request as it is (Anthropic).
+pub fn payload(req: &Request, body: &[u8]) -> Option<Vec<u8>> {
+    match req.form {
+        Form::Chat => chat::payload(req, body),
+        Form::Completion => completion::payload(req, body),
+        Form::Messages => None,
+    }
+}
+
+/// `"name":` as a payload writes it.
+pub(crate) fn write_key(key: &str, out: &mut Vec<u8>) {
+    out.push(b'"');
+    out.extend_from_slice(key.as_bytes());
+    out.extend_from_slice(b"\":");
+}
+
+/// Writes `,"name":<compacted raw>` (no comma right after the opening brace) when `raw` is
+/// present.
+pub(crate) fn write_field(out: &mut Vec<u8>, name: &str, raw: Option<&str>) -> Option<()> {
+    if let Some(raw) = raw {
+        if out.len() > 1 {
+            out.push(b',');
+        }
+        write_key(name, out);
+        crate::json::compact::compact(raw, out)?;
+    }
+    Some(())
+}

@@ -14,8 +14,9 @@
 #   3. model/    random weights for the tiny Qwen3 of scripts/setup-vllm.sh (same config,
 #                tokenizer and chat template; scripts/llamacpp-weights.py, torch from the vLLM
 #                virtualenv), converted to qwen3-tiny-f16.gguf by the vendored converter
-# Runs scripts/setup-vllm.sh first (idempotent): its virtualenv and model directory are the
-# inputs (same overrides: INCONTEXT_VLLM_VENV, INCONTEXT_VLLM_MODEL).
+# Runs scripts/setup-vllm.sh before step 3 (idempotent): its virtualenv and model directory are
+# the inputs (same overrides: INCONTEXT_VLLM_VENV, INCONTEXT_VLLM_MODEL). Steps 1 and 2 need
+# only the system python3, cmake and a C++ compiler.
 # Build parallelism: INCONTEXT_LLAMACPP_JOBS (default 2).
 # Start and stop the server with scripts/llamacpp.sh.
 set -euo pipefail
@@ -33,14 +34,6 @@ say() { printf 'setup-llamacpp: %s\n' "$*"; }
 die() { printf 'setup-llamacpp: error: %s\n' "$*" >&2; exit 1; }
 sha() { sha256sum "$1" | cut -d' ' -f1; }
 stamp_ok() { [ -f "$1" ] && [ "$(cat "$1")" = "$2" ]; }
-
-# The vLLM virtualenv and the tiny model first (quick when done).
-bash "$REPO/scripts/setup-vllm.sh" || die "scripts/setup-vllm.sh failed"
-
-[ -x "$VENV/bin/python" ] || die "no vLLM virtualenv in $VENV: run scripts/setup-vllm.sh first"
-[ -f "$MODEL_DIR/config.json" ] && [ -f "$MODEL_DIR/tokenizer.json" ] \
-  || die "no model directory in $MODEL_DIR: run scripts/setup-vllm.sh first"
-PY="$VENV/bin/python"
 
 mkdir -p "$LLAMACPP_DIR"
 # One setup at a time (CI and a developer may both call this).
@@ -119,8 +112,8 @@ else
   if ! command -v cmake >/dev/null; then
     say "cmake not found; installing it with apt-get"
     SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-    $SUDO apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq cmake >/dev/null
+    $SUDO apt-get -o DPkg::Lock::Timeout=600 update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get -o DPkg::Lock::Timeout=600 install -y -qq cmake >/dev/null
   fi
   command -v c++ >/dev/null || die "no C++ compiler (apt-get install g++)"
   BLOG="$LLAMACPP_DIR/build.log"
@@ -158,6 +151,14 @@ else
 fi
 
 # ---------------------------------------------------------------- 3. model
+# The vLLM virtualenv and the tiny model (quick when done): the inputs of the model step. The
+# sources and the build above need neither, so they can run beside the vLLM install.
+bash "$REPO/scripts/setup-vllm.sh" || die "scripts/setup-vllm.sh failed"
+
+[ -x "$VENV/bin/python" ] || die "no vLLM virtualenv in $VENV: run scripts/setup-vllm.sh first"
+[ -f "$MODEL_DIR/config.json" ] && [ -f "$MODEL_DIR/tokenizer.json" ] \
+  || die "no model directory in $MODEL_DIR: run scripts/setup-vllm.sh first"
+PY="$VENV/bin/python"
 HF_DIR="$LLAMACPP_DIR/model/qwen3-tiny"
 MODEL_STAMP="$LLAMACPP_DIR/model/.incontext-stamp"
 model_inputs=""

@@ -9,9 +9,26 @@ Ordering is declared, never implied by file names:
 * ``@pytest.mark.last("module")`` runs it after the other tests of its own module.
 
 Everything else keeps pytest's order (files by name, tests in definition order).
+
+Every Envoy a test started (tests.harness.envoy registers each) has its log read when the
+session ends: a wasm failure, an unexpected [critical] line or a missing log is an error at
+the teardown of the last test.
 """
 
 from __future__ import annotations
+
+import pytest
+
+from tests.harness import envoy as _envoy
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _every_envoy_log_is_read():
+    yield
+    _, problems = _envoy.check_logs()
+    if problems:
+        pytest.fail("Envoy logs with wasm failures or no log:\n" + "\n".join(problems[:20]),
+                    pytrace=False)
 
 
 def _last_scope(item):

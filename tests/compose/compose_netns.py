@@ -91,6 +91,7 @@ finally:
         except subprocess.TimeoutExpired:
             envoy.kill()
     log = tmp / "envoy.log"
+    report["log"] = str(log)   # read by the test session with every other Envoy's log
     if log.exists():
         report["log_tail"] = log.read_text(errors="replace").splitlines()[-15:]
 print(json.dumps(report))

@@ -34,7 +34,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 COMPOSE = ROOT / "docker-compose.yml"
 DOTENV = ROOT / ".env"
-from tests.harness.envoy import SHIPPED_CONFIG, envoy_binary, load_shipped, wasm_filter
+from tests.harness.envoy import SHIPPED_CONFIG, envoy_binary, load_shipped, wasm_filter, watch_log
 
 BUILT_WASM = ROOT / "target" / "wasm32-wasip1" / "release" / "incontext.wasm"
 
@@ -469,6 +469,7 @@ def test_envoy_service_command_and_healthcheck_work(doc, tmp_path):
                           str(spec_path)], cwd=ROOT, capture_output=True, text=True, timeout=180)
     assert out.returncode == 0, out.stderr[-2000:]
     report = json.loads(out.stdout.strip().splitlines()[-1])
+    watch_log("compose/envoy.log", Path(report["log"]))
     assert report.get("healthy"), json.dumps(report, indent=1)
     assert report.get("ok"), json.dumps(report, indent=1)
     admin = cfg["admin"]["address"]["socket_address"]["port_value"]

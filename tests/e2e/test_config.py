@@ -104,7 +104,7 @@ def test_bad_configs_are_refused(envoy_bin, wasm, vdir, name, plugin_config, fie
 
 def test_refused_config_stops_envoy_start(envoy_bin, wasm, upstream, tmp_path):
     env = Envoy(envoy_bin, tmp_path, cfg(window_tokens=5000), (upstream.host, upstream.port),
-                remove_filter=no_filter())
+                remove_filter=no_filter(), refusal_expected=True)
     try:
         with pytest.raises(EnvoyError):
             env.start(timeout=30)

@@ -189,7 +189,8 @@ def test_unusable_env_variable_refuses_the_config(envoy_bin, wasm, tmp_path, val
 
 def test_missing_env_variable_stops_a_real_envoy(envoy_bin, wasm, upstream, tmp_path):
     env = Envoy(envoy_bin, tmp_path, SECURE, (upstream.host, upstream.port), name="missing",
-                host_env_keys=[ENV_VAR], env_key_values={KV_VAR: KV_SECRET})
+                host_env_keys=[ENV_VAR], env_key_values={KV_VAR: KV_SECRET},
+                refusal_expected=True)
     with pytest.raises(EnvoyError):
         env.start(timeout=60)
     env.stop()

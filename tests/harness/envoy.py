@@ -16,9 +16,11 @@ import shutil
 import socket
 import subprocess
 import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Tuple
 
 import yaml
 
@@ -140,6 +142,65 @@ class EnvoyError(RuntimeError):
     pass
 
 
+# --- every Envoy's log is read --------------------------------------------------------------
+# A panic inside the filter makes the VM fail; with failure_policy FAIL_RELOAD Envoy would
+# quietly start a new one, so the logs are the place where it shows. Every Envoy a test starts
+# is registered here; tests/conftest.py reads each one's log at the end of the session
+# (tests/e2e/test_health.py earlier, for what ran before it). A registered Envoy without a log
+# is a failure too.
+WASM_FAILURE = re.compile(r"panicked|Function: proxy_on_\w+ failed|restricted_callback|Uncaught")
+# An Envoy that must refuse its configuration logs these (the VM fails to configure, then
+# [critical] lines); any other Envoy must not.
+REFUSAL = re.compile(r"Wasm VM failed|\[critical\]")
+
+
+@dataclass
+class LogWatch:
+    """One Envoy's log (``paths[0]``, which must exist) and its other output files to read;
+    ``stop`` (which flushes the log) is called first when given."""
+    name: str
+    paths: Tuple[Path, ...]
+    refusal_expected: bool = False
+    stop: Optional[Callable[[], None]] = None
+    checked: bool = False
+
+    def problems(self) -> List[str]:
+        if self.stop is not None:
+            self.stop()
+        if not self.paths[0].is_file():
+            return [f"{self.name}: no log at {self.paths[0]}"]
+        present = [p for p in self.paths if p.is_file()]
+        found = []
+        for path in present:
+            for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+                if WASM_FAILURE.search(line) or (REFUSAL.search(line) and not self.refusal_expected):
+                    found.append(f"{self.name} ({path.name}): {line[:300]}")
+        return found
+
+
+STARTED: List[LogWatch] = []
+
+
+def watch_log(name: str, *paths: Path, refusal_expected: bool = False,
+              stop: Optional[Callable[[], None]] = None) -> LogWatch:
+    """Registers the log of an Envoy started outside the ``Envoy`` class (e.g. in another
+    process); ``Envoy.start`` registers its own."""
+    w = LogWatch(name, tuple(Path(p) for p in paths), refusal_expected, stop)
+    STARTED.append(w)
+    return w
+
+
+def check_logs() -> Tuple[int, List[str]]:
+    """Reads the log of every registered Envoy not read yet (stopping each first).
+    Returns (how many were read, the offending lines and missing logs)."""
+    todo = [w for w in STARTED if not w.checked]
+    problems: List[str] = []
+    for w in todo:
+        problems += w.problems()
+        w.checked = True
+    return len(todo), problems
+
+
 class Envoy:
     """One running Envoy with one plugin configuration."""
 
@@ -147,10 +208,15 @@ class Envoy:
                  remove_filter: bool = False, extra_clusters: List[dict] = (), name="envoy",
                  host_env_keys: List[str] = (), env_key_values: Optional[Dict[str, str]] = None,
                  env: Optional[Dict[str, str]] = None,
-                 log_args: Tuple[str, ...] = ("-l", "info", "--component-log-level", "wasm:debug")):
+                 log_args: Tuple[str, ...] = ("-l", "info", "--component-log-level", "wasm:debug"),
+                 refusal_expected: bool = False):
         """``env``: extra environment variables of the Envoy process; ``log_args``: Envoy's
-        log level arguments (default: info, wasm at debug)."""
+        log level arguments (default: info, wasm at debug); ``refusal_expected``: the test
+        expects this Envoy to refuse its configuration (its log may hold [critical] lines;
+        a wasm failure is still one)."""
         self.binary = binary
+        self.refusal_expected = refusal_expected
+        self._watched = False
         self.env = env
         self.log_args = tuple(log_args)
         self.workdir = Path(workdir)
@@ -177,6 +243,10 @@ class Envoy:
         return f"http://127.0.0.1:{self.admin_port}"
 
     def start(self, timeout=60.0):
+        if not self._watched:
+            watch_log(f"{self.workdir.name}/{self.log_path.name}", self.log_path,
+                      self.stdout_path, refusal_expected=self.refusal_expected, stop=self.stop)
+            self._watched = True
         out = open(self.stdout_path, "wb")
         self.proc = subprocess.Popen(
             [self.binary, "-c", str(self.config_path), "--concurrency", "2", *self.log_args,
@@ -231,6 +301,26 @@ class Envoy:
         if status != 200:
             raise EnvoyError(f"/stats answered {status}")
         return body
+
+    def cluster_stat(self, cluster: str, stat: str) -> int:
+        """One counter of an Envoy cluster, e.g. ``cluster_stat("vllm", "upstream_rq_completed")``
+        (0 while Envoy has not made it yet)."""
+        name = f"cluster.{cluster}.{stat}"
+        for line in self.stats_text(urllib.parse.quote("^" + re.escape(name) + "$")).splitlines():
+            k, _, v = line.strip().partition(": ")
+            if k == name:
+                return int(v)
+        return 0
+
+    def upstream_completed(self) -> int:
+        """Upstream requests Envoy has completed, over every cluster (``upstream_rq_completed``):
+        the filter's calls and the forwarded requests alike."""
+        total = 0
+        for line in self.stats_text(urllib.parse.quote(r"\.upstream_rq_completed$")).splitlines():
+            k, _, v = line.strip().partition(": ")
+            if k.startswith("cluster.") and k.endswith(".upstream_rq_completed"):
+                total += int(v)
+        return total
 
     def counters(self) -> Dict[str, int]:
         """wasmcustom counters as {short name: value}, e.g. {"incontext_requests": 3}."""

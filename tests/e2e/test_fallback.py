@@ -69,7 +69,7 @@ def test_tokenizer_closes_connection(proxy, upstream):
 
 def test_tokenizer_timeout(proxy_for, upstream):
     p = proxy_for(cfg(tokenizer={"timeout_ms": SLOW_TIMEOUT_MS}))
-    upstream.tokenizer.slow(1.5, ok(10))
+    upstream.tokenizer.held(ok(10))   # answers only after the test
     res = p.post(chat(max_tokens=100000))
     elapsed = res.response.elapsed.total_seconds()
     assert elapsed < 1.4, f"request waited {elapsed}s: the tokenizer timeout was not applied"

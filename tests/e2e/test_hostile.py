@@ -556,13 +556,28 @@ def _wait_tokenizer_calls(upstream, n, timeout=10.0):
     return len(upstream.tokenizer.snapshot())
 
 
+def _wait_late_answers(env, gate, completed_before, n, timeout=10.0):
+    """How many of ``n`` held tokenizer answers Envoy has received, once all of them have been
+    written (the tokenizer cluster's completed requests; the filter's callback runs in the same
+    event as the reply's end)."""
+    if gate.wait_answered(n, timeout) < n:
+        return gate.answered
+    deadline = time.monotonic() + timeout
+    while True:
+        got = env.cluster_stat("vllm", "upstream_rq_completed") - completed_before
+        if got >= n or time.monotonic() > deadline:
+            return got
+        time.sleep(0.02)
+
+
 @pytest.mark.parametrize("clients", [1, 20])
 def test_client_disconnects_while_tokenizer_call_in_flight(hp, henv, upstream, clients):
     """The request is abandoned: nothing reaches the upstream, no outcome is counted (only
     requests, the cache miss and the call), and Envoy keeps serving. The call belongs to the
     plugin, not the stream, so its late answer is still cached (docs/spec.md §6)."""
-    upstream.tokenizer.slow(1.5, ok(100))
+    gate = upstream.tokenizer.held(ok(100))
     before = henv.counters()
+    answered = henv.cluster_stat("vllm", "upstream_rq_completed")
     tag = nonce()
     bodies = [dumps(chat(f"gone {tag} {i}", max_tokens=100000)) for i in range(clients)]
     socks = []
@@ -577,7 +592,8 @@ def test_client_disconnects_while_tokenizer_call_in_flight(hp, henv, upstream, c
     want = {"incontext_requests": clients, "incontext_cache_misses": clients,
             "incontext_tokenizer_calls": clients}
     assert wait_counters(henv, before, want) == want
-    time.sleep(2.0)  # past the tokenizer's answer
+    gate.open()   # the late answers, once every client has gone
+    assert _wait_late_answers(henv, gate, answered, clients) == clients
     assert henv.counters() == {**before, **{k: before.get(k, 0) + v for k, v in want.items()}}
     assert upstream.find(tag.encode()) == []
     LEDGER["abandoned"] += clients
@@ -591,8 +607,9 @@ def test_client_disconnects_while_tokenizer_call_in_flight(hp, henv, upstream, c
 
 
 def test_http2_stream_reset_while_tokenizer_call_in_flight(hp, henv, upstream):
-    upstream.tokenizer.slow(1.5, ok(100))
+    gate = upstream.tokenizer.held(ok(100))
     before = henv.counters()
+    answered = henv.cluster_stat("vllm", "upstream_rq_completed")
     tag = nonce()
     body = dumps(chat(f"h2 gone {tag}", max_tokens=100000))
 
@@ -610,7 +627,8 @@ def test_http2_stream_reset_while_tokenizer_call_in_flight(hp, henv, upstream):
     asyncio.run(go())
     want = {"incontext_requests": 1, "incontext_cache_misses": 1, "incontext_tokenizer_calls": 1}
     assert wait_counters(henv, before, want) == want
-    time.sleep(2.0)
+    gate.open()
+    assert _wait_late_answers(henv, gate, answered, 1) == 1
     assert wait_counters(henv, before, want, timeout=0) == want
     assert upstream.find(tag.encode()) == []
     LEDGER["abandoned"] += 1
@@ -662,7 +680,7 @@ def test_tokenizer_answer_just_under_read_limit_is_used(hp, upstream):
 
 
 def test_tokenizer_never_answers(hp, upstream):
-    upstream.tokenizer.slow(15, ok(5))
+    upstream.tokenizer.held(ok(5))   # opened only when the upstream is reset after the test
     t = time.monotonic()
     res = hp.post(chat(max_tokens=100000))
     elapsed = time.monotonic() - t

@@ -139,6 +139,21 @@ def settle(rec: RecordingUpstream, seconds=0.5):
     time.sleep(seconds)
 
 
+def exchanges_done(env: Envoy, rec: RecordingUpstream, completed_before: int,
+                   timeout=10.0) -> bool:
+    """Waits until every request the upstream received since it was reset (tokenizer calls
+    included) has been answered and Envoy has completed as many upstream requests since
+    ``completed_before`` (its ``upstream_completed()`` then)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        _, reqs = rec.snapshot()
+        done = env.upstream_completed() - completed_before
+        if all(r.answered_at is not None for r in reqs) and done >= len(reqs):
+            return True
+        time.sleep(0.02)
+    return False
+
+
 def note(name: str, check: str, **seen):
     REPORT.setdefault(name, {})[check] = seen
 
@@ -301,10 +316,12 @@ def test_upstream_answering_on_headers_gets_the_decided_request(layout):
     rec.tokenizer.set(100, delay=0.5)
     rec.answer_on_headers = True
     sent = body()
+    completed = env.upstream_completed()
     first = post(env, sent)
-    time.sleep(1.0)   # the first tokenizer call has answered by now: its count is cached or lost
+    # the first tokenizer call has answered and Envoy has its answer: its count is cached or lost
+    assert exchanges_done(env, rec, completed), "Envoy did not finish its upstream requests"
     second = post(env, sent)
-    time.sleep(0.3)
+    assert exchanges_done(env, rec, completed), "Envoy did not finish its upstream requests"
     calls = rec.tokenize_calls()
     fwd = rec.forwarded()
     note(name, "answer_on_headers", statuses=[first.status_code, second.status_code],

@@ -72,6 +72,36 @@ def ok(count, max_model_len=DEFAULT_MAX_MODEL_LEN, with_tokens=True) -> Action:
     return ("json", 200, obj)
 
 
+class Gate:
+    """Holds the tokenizer's answers until ``open()``: a test waits on events, not on time.
+
+    ``wait_answered(n)`` returns once ``n`` held answers have been written (or after its
+    timeout, with how many were). A gate still closed when the tokenizer is reset opens then,
+    and any held answer is given up after ``hold_limit`` seconds."""
+
+    def __init__(self, hold_limit: float = 120.0):
+        self._open = threading.Event()
+        self._cond = threading.Condition()
+        self.hold_limit = hold_limit
+        self.answered = 0
+
+    def open(self):
+        self._open.set()
+
+    def hold(self):
+        self._open.wait(self.hold_limit)
+
+    def done(self):
+        with self._cond:
+            self.answered += 1
+            self._cond.notify_all()
+
+    def wait_answered(self, n: int, timeout: float = 10.0) -> int:
+        with self._cond:
+            self._cond.wait_for(lambda: self.answered >= n, timeout)
+            return self.answered
+
+
 class Tokenizer:
     """Scriptable fake tokenizer. ``behaviour(record) -> Action`` decides each answer."""
 
@@ -82,6 +112,9 @@ class Tokenizer:
 
     def reset(self):
         with self.lock:
+            for gate in getattr(self, "_gates", ()):
+                gate.open()
+            self._gates: List[Gate] = []
             self.calls = []
             self._queue: List[Action] = []
             self._behaviour: Callable[[Record], Action] = lambda rec: ok(100)
@@ -106,6 +139,14 @@ class Tokenizer:
 
     def slow(self, seconds, then=None):
         self.always(("sleep", seconds, then or ok(100)))
+
+    def held(self, then=None) -> Gate:
+        """Every later call waits until the returned gate opens, then answers ``then``."""
+        gate = Gate()
+        with self.lock:
+            self._gates.append(gate)
+        self.always(("gate", gate, then or ok(100)))
+        return gate
 
     def close(self):
         self.always(("close",))
@@ -227,6 +268,14 @@ class Upstream:
                         self._act(action[2])
                     except OSError:
                         self.close_connection = True
+                elif kind == "gate":
+                    action[1].hold()
+                    try:
+                        self._act(action[2])
+                    except OSError:
+                        self.close_connection = True
+                    finally:
+                        action[1].done()
                 elif kind == "close":
                     self.close_connection = True
                     try:

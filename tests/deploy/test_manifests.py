@@ -1,11 +1,20 @@
 """Kubernetes manifests under deploy/kubernetes and the OCI image recipe under deploy/oci.
 
-* Every manifest document whose kind has a CRD in ../shared/crds is validated against that
-  CRD's openAPIV3Schema, strictly (unknown fields are errors, as with kubectl's strict field
-  validation). CEL rules (x-kubernetes-validations) are not evaluated.
+* Every manifest document is validated against each schema found for its kind:
+  - "npm": the models of the pinned npm packages in tests/deploy/schemas (Istio, Gateway API,
+    core Kubernetes; scripts/setup-deploy.sh installs them): types, enums, patterns, required
+    fields, not unknown fields;
+  - "crd": the CRD's openAPIV3Schema in ../shared/crds when that directory is there (as in
+    CI), strictly (unknown fields are errors, as with kubectl's strict field validation).
+    CEL rules (x-kubernetes-validations) are not evaluated.
+  A kind with neither fails; without ../shared/crds the documents whose kinds only a CRD
+  there covers (Envoy Gateway, AI Gateway, InferencePool) are reported as not validated in
+  one skipped test (INCONTEXT_REQUIRE_CRDS=1, as .ci/run sets, makes that a failure).
+  A new manifest needs no change here: its kind's schema is found in either place.
 * Every embedded plugin configuration goes through the filter's own validator
   (incontext-check-config), serialised as the gateway hands it to the filter.
-* For each, a deliberately broken copy is rejected by the same check.
+* For each, deliberately broken copies are rejected by the same check (the spec not an
+  object, for every kind; more per kind in BREAKAGES).
 * Cross-references: tokenizer cluster names, buffer limits >= max_body_bytes, image refs.
 * The OCI image built from deploy/oci/Dockerfile (buildah, deploy/oci/build-layout.sh) holds
   exactly plugin.wasm, byte-identical to the built wasm, in a single tar+gzip layer.
@@ -42,17 +51,11 @@ WASM = REPO / "target" / "wasm32-wasip1" / "release" / "incontext.wasm"
 CHECKER = REPO / "target" / "debug" / "incontext-check-config"
 
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
-# Kinds that must have a CRD in shared/crds; the others are checked structurally below.
-CRD_KINDS = {"WasmPlugin", "EnvoyExtensionPolicy", "ClientTrafficPolicy", "EnvoyFilter",
-             "BackendTrafficPolicy", "EnvoyProxy"}
-NO_CRD_KINDS = {
-    ("v1", "Namespace"),
-    ("v1", "Service"),
-    ("networking.istio.io/v1", "Gateway"),
-    ("networking.istio.io/v1", "VirtualService"),
-    ("gateway.networking.k8s.io/v1", "Gateway"),
-    ("gateway.networking.k8s.io/v1", "HTTPRoute"),
-}
+# The npm validators (tests/deploy/schemas, installed by scripts/setup-deploy.sh).
+SCHEMAS_DIR = REPO / "tests" / "deploy" / "schemas"
+NODE_MODULES = REPO / ".tools" / "deploy-schemas" / "node_modules"
+NPM_PACKAGES = sorted(json.loads((SCHEMAS_DIR / "package.json").read_text())["dependencies"])
+REQUIRE_CRDS = os.environ.get("INCONTEXT_REQUIRE_CRDS", "") not in ("", "0")
 DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 
@@ -124,11 +127,10 @@ def _int64(v):
 
 
 def load_crd_schemas() -> dict[tuple[str, str], dict]:
-    """(apiVersion, kind) -> JSON Schema of the whole object."""
-    if not CRDS.is_dir():
-        pytest.fail(f"CRD schemas not found at {CRDS} (shared/crds beside the repository)")
+    """(apiVersion, kind) -> JSON Schema of the whole object, for every CRD in ../shared/crds
+    (none when the directory is not there)."""
     schemas = {}
-    for f in sorted(CRDS.glob("*.yaml")):
+    for f in sorted(CRDS.glob("*.yaml")) if CRDS.is_dir() else []:
         crd = yaml.safe_load(f.read_text())
         if not crd or crd.get("kind") != "CustomResourceDefinition":
             continue
@@ -141,29 +143,95 @@ def load_crd_schemas() -> dict[tuple[str, str], dict]:
             props.setdefault("kind", {"type": "string"})
             props.setdefault("metadata", {"type": "object"})
             schemas[(f"{group}/{version['name']}", kind)] = schema
-    missing = CRD_KINDS - {k for _, k in schemas}
-    if missing:
-        pytest.fail(f"no CRD in {CRDS} for {sorted(missing)}")
     return schemas
 
 
+CRD_SCHEMAS = load_crd_schemas()
+
+
+def npm_model(doc: dict) -> Path | None:
+    """The npm package's model of this document's kind (as validate.mjs finds it), if any."""
+    api, kind = doc.get("apiVersion"), doc.get("kind")
+    if not isinstance(api, str) or not isinstance(kind, str) or not kind.isalnum():
+        return None
+    for pkg in NPM_PACKAGES:
+        f = NODE_MODULES.joinpath(pkg, *api.split("/"), f"{kind}.js")
+        if f.is_file():
+            return f
+    return None
+
+
+def sources(doc: dict) -> list[str]:
+    """The schemas this document is validated against: "npm", "crd", both, or none."""
+    out = ["npm"] if npm_model(doc) else []
+    if (doc.get("apiVersion"), doc.get("kind")) in CRD_SCHEMAS:
+        out.append("crd")
+    return out
+
+
+class NpmValidator:
+    """One node process running tests/deploy/schemas/validate.mjs, a JSON line per object."""
+
+    def __init__(self):
+        node = shutil.which("node")
+        if node is None:
+            pytest.fail("node not found: tests/deploy validates with npm packages (apt-get install nodejs)")
+        self.proc = subprocess.Popen([node, str(SCHEMAS_DIR / "validate.mjs"), str(NODE_MODULES)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    def errors(self, doc: dict) -> list[str]:
+        self.proc.stdin.write(json.dumps(doc) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        assert line, f"validate.mjs exited ({self.proc.poll()})"
+        answer = json.loads(line)
+        assert answer["validator"], f"no npm model for {doc.get('apiVersion')} {doc.get('kind')}"
+        return answer["errors"]
+
+    def close(self):
+        self.proc.stdin.close()
+        self.proc.wait(timeout=30)
+
+
 @pytest.fixture(scope="session")
-def crd_schemas() -> dict[tuple[str, str], dict]:
-    return load_crd_schemas()
+def npm_validator():
+    if not NODE_MODULES.is_dir():
+        pytest.fail(f"no npm validators in {NODE_MODULES}: run scripts/setup-deploy.sh")
+    v = NpmValidator()
+    yield v
+    v.close()
 
 
-def crd_errors(doc: dict, schemas: dict) -> list[str]:
-    key = (doc.get("apiVersion"), doc.get("kind"))
-    if key not in schemas:
-        return [f"no CRD schema for {key}"]
-    validator = jsonschema.Draft4Validator(schemas[key], format_checker=FORMATS)
-    errors = [f"{'/'.join(map(str, e.absolute_path)) or '(root)'}: {e.message}" for e in validator.iter_errors(doc)]
+def metadata_errors(doc: dict) -> list[str]:
     meta = doc.get("metadata") or {}
+    errors = []
     if not DNS1123.match(str(meta.get("name", ""))):
         errors.append("metadata.name missing or not a DNS-1123 label")
-    if not DNS1123.match(str(meta.get("namespace", ""))):
-        errors.append("metadata.namespace missing (the policies are namespaced)")
-    return sorted(errors)
+    if doc.get("kind") != "Namespace" and not DNS1123.match(str(meta.get("namespace", ""))):
+        errors.append("metadata.namespace missing (the objects are namespaced)")
+    return errors
+
+
+def schema_errors(doc: dict, source: str, npm: NpmValidator | None = None) -> list[str]:
+    if source == "npm":
+        assert npm is not None
+        return sorted(npm.errors(doc))
+    key = (doc.get("apiVersion"), doc.get("kind"))
+    if key not in CRD_SCHEMAS:
+        return [f"no CRD schema for {key}"]
+    validator = jsonschema.Draft4Validator(CRD_SCHEMAS[key], format_checker=FORMATS)
+    return sorted(f"{'/'.join(map(str, e.absolute_path)) or '(root)'}: {e.message}"
+                  for e in validator.iter_errors(doc))
+
+
+@pytest.fixture
+def errors_of(request):
+    """errors_of(doc, source): the schema's errors and the metadata's (the npm validator is
+    started only by tests that use it)."""
+    def check(doc: dict, source: str) -> list[str]:
+        npm = request.getfixturevalue("npm_validator") if source == "npm" else None
+        return sorted(schema_errors(doc, source, npm) + metadata_errors(doc))
+    return check
 
 
 # --------------------------------------------------------------------------------------------
@@ -224,24 +292,42 @@ def config_bytes(doc: dict, path: list) -> bytes:
 CONFIGS = embedded_configs()
 
 
-def test_every_crd_kind_and_config_is_covered():
-    kinds = {d.get("kind") for _, d in DOCS}
-    assert CRD_KINDS <= kinds, f"manifests missing for {sorted(CRD_KINDS - kinds)}"
+VALIDATED = [(f"{i}/{src}", d, src) for i, d in DOCS for src in sources(d)]
+VALIDATED_IDS = [i for i, _, _ in VALIDATED]
+NOT_VALIDATED = [i for i, d in DOCS if not sources(d)]
+
+
+def test_every_document_has_a_schema_and_configs_are_covered():
     assert len(CONFIGS) >= 2, "expected an Istio and an Envoy Gateway plugin config"
-    for doc_id, doc in DOCS:
-        key = (doc.get("apiVersion"), doc.get("kind"))
-        assert doc.get("kind") in CRD_KINDS or key in NO_CRD_KINDS, (
-            f"{doc_id}: {key} has neither a CRD check nor a structural check here"
-        )
+    assert NODE_MODULES.is_dir(), f"no npm validators in {NODE_MODULES}: run scripts/setup-deploy.sh"
+    if CRDS.is_dir():
+        # With ../shared/crds there, every kind has a schema in one place or the other.
+        assert NOT_VALIDATED == [], f"no npm model and no CRD in {CRDS} for {NOT_VALIDATED}"
+
+
+def test_documents_without_schemas_here_are_reported():
+    """Without ../shared/crds the kinds only a CRD there covers are not validated: one line
+    says which and why (a failure with INCONTEXT_REQUIRE_CRDS=1)."""
+    if CRDS.is_dir():
+        assert NOT_VALIDATED == []
+        return
+    if not NOT_VALIDATED:
+        return
+    kinds = sorted({i.rsplit(":", 1)[-1] for i in NOT_VALIDATED})
+    why = (f"{len(NOT_VALIDATED)} manifest documents not validated ({', '.join(kinds)}): their "
+           f"schemas ship only in {CRDS}, which is not there")
+    if REQUIRE_CRDS:
+        pytest.fail(why + " (INCONTEXT_REQUIRE_CRDS=1)", pytrace=False)
+    pytest.skip(why)
 
 
 # --------------------------------------------------------------------------------------------
-# CRD validation, and broken copies
+# Schema validation, and broken copies
 
 
-@pytest.mark.parametrize("doc_id,doc", [(i, d) for i, d in DOCS if d.get("kind") in CRD_KINDS])
-def test_manifest_matches_crd(doc_id, doc, crd_schemas):
-    assert crd_errors(doc, crd_schemas) == []
+@pytest.mark.parametrize("doc_id,doc,source", VALIDATED, ids=VALIDATED_IDS)
+def test_manifest_matches_schema(doc_id, doc, source, errors_of):
+    assert errors_of(doc, source) == []
 
 
 def _rename_key(obj: dict, old: str, new: str) -> None:
@@ -281,6 +367,27 @@ BREAKAGES = {
         ("mergeType typo", lambda s: s.__setitem__("mergeType", "Merge")),
         ("unknown spec key", lambda s: _rename_key(s, "filterOrder", "filtersOrder")),
     ],
+    "gateway.networking.k8s.io/v1 Gateway": [
+        ("listener port not a number", lambda s: s["listeners"][0].__setitem__("port", "80")),
+        ("listener protocol missing", lambda s: s["listeners"][0].pop("protocol")),
+    ],
+    "HTTPRoute": [
+        ("path match type typo", lambda s: s["rules"][0]["matches"][0]["path"].__setitem__("type", "Prefix")),
+        ("backendRef port not a number", lambda s: s["rules"][0]["backendRefs"][0].__setitem__("port", "8000")),
+    ],
+    "networking.istio.io/v1 Gateway": [
+        ("server port not a number", lambda s: s["servers"][0]["port"].__setitem__("number", "80")),
+        ("hosts not a list", lambda s: s["servers"][0].__setitem__("hosts", "llm.example.com")),
+    ],
+    "VirtualService": [
+        ("destination port not a number",
+         lambda s: s["http"][0]["route"][0]["destination"]["port"].__setitem__("number", "8000")),
+        ("destination host missing", lambda s: s["http"][0]["route"][0]["destination"].pop("host")),
+    ],
+    "Service": [
+        ("port not a number", lambda s: s["ports"][0].__setitem__("port", "8000")),
+        ("port missing", lambda s: s["ports"][0].pop("port")),
+    ],
     "ClientTrafficPolicy": [
         ("bufferLimit not a quantity", lambda s: s["connection"].__setitem__("bufferLimit", "16MB")),
         ("unknown connection key", lambda s: _rename_key(s["connection"], "bufferLimit", "bufferLimt")),
@@ -289,25 +396,39 @@ BREAKAGES = {
 }
 
 
+def breakages(doc: dict, source: str):
+    """The broken copies a schema must reject: the spec not an object (every kind), then the
+    kind's own (BREAKAGES["apiVersion Kind"], else BREAKAGES["Kind"]); those that add an
+    unknown field only for the CRD schemas."""
+    out = [("spec not an object", None)]
+    own = BREAKAGES.get(f"{doc.get('apiVersion')} {doc.get('kind')}", BREAKAGES.get(doc.get("kind"), []))
+    for what, fn in own:
+        if source == "crd" or not what.startswith("unknown "):
+            out.append((what, fn))
+    return out
+
+
 @pytest.mark.parametrize(
-    "doc_id,doc,what,breaker",
+    "doc_id,doc,source,what,breaker",
     [
-        (i, d, what, fn)
-        for i, d in DOCS
-        if d.get("kind") in CRD_KINDS
-        for what, fn in BREAKAGES[d["kind"]]
+        pytest.param(i, d, src, what, fn, id=f"{i}-{what}")
+        for i, d, src in VALIDATED
+        for what, fn in breakages(d, src)
     ],
 )
-def test_broken_manifest_is_rejected_by_crd(doc_id, doc, what, breaker, crd_schemas):
+def test_broken_manifest_is_rejected(doc_id, doc, source, what, breaker, errors_of):
     broken = copy.deepcopy(doc)
-    breaker(broken["spec"])
-    assert crd_errors(broken, crd_schemas), f"{doc_id}: '{what}' passed the CRD schema"
+    if breaker is None:
+        broken["spec"] = "not an object"
+    else:
+        breaker(broken["spec"])
+    assert errors_of(broken, source), f"{doc_id}: '{what}' passed the {source} schema"
 
 
-def test_broken_metadata_is_rejected(crd_schemas):
+def test_broken_metadata_is_rejected():
     doc = copy.deepcopy(one("WasmPlugin"))
     del doc["metadata"]["namespace"]
-    assert crd_errors(doc, crd_schemas)
+    assert metadata_errors(doc)
 
 
 # --------------------------------------------------------------------------------------------
@@ -331,11 +452,12 @@ CONFIG_BREAKAGES = [
 
 @pytest.mark.parametrize("what,breaker", CONFIG_BREAKAGES, ids=[w for w, _ in CONFIG_BREAKAGES])
 @pytest.mark.parametrize("cfg_id,doc,path", CONFIGS)
-def test_broken_config_is_rejected(cfg_id, doc, path, what, breaker, checker, crd_schemas):
+def test_broken_config_is_rejected(cfg_id, doc, path, what, breaker, checker, errors_of):
     broken = copy.deepcopy(doc)
     breaker(get_path(broken, path))
-    # The CRD cannot see inside the plugin config (x-kubernetes-preserve-unknown-fields) ...
-    assert crd_errors(broken, crd_schemas) == []
+    # No schema sees inside the plugin config (x-kubernetes-preserve-unknown-fields) ...
+    for source in sources(broken):
+        assert errors_of(broken, source) == [], source
     # ... so only the filter's own validator catches it.
     ok, out = check_config(checker, config_bytes(broken, path))
     assert not ok, f"{cfg_id}: broken config '{what}' was accepted"
@@ -696,14 +818,9 @@ def test_both_gateways_reference_the_same_image():
     assert re.fullmatch(r"[0-9a-f]{64}", image["sha256"])
 
 
-def test_no_crd_documents_are_well_formed():
+def test_documents_are_well_formed():
     for doc_id, doc in DOCS:
-        if doc.get("kind") in CRD_KINDS:
-            continue
-        meta = doc.get("metadata") or {}
-        assert DNS1123.match(str(meta.get("name", ""))), f"{doc_id}: metadata.name"
-        if doc["kind"] != "Namespace":
-            assert DNS1123.match(str(meta.get("namespace", ""))), f"{doc_id}: metadata.namespace"
+        assert metadata_errors(doc) == [], doc_id
         assert isinstance(doc.get("spec"), dict) or doc["kind"] == "Namespace", f"{doc_id}: spec"
 
 

@@ -186,8 +186,8 @@ fn ref_payload(v: &Map<String, Value>, form: Form) -> Option<Value> {
         }
     };
     match form {
-        // Anthropic requests go to the backend's own counter as they are: no payload.
-        Form::Messages => return None,
+        // Anthropic and Responses requests go to the backend's own counter: no payload.
+        Form::Messages | Form::Responses => return None,
         Form::Completion => {
             let prompt = match v.get("prompt")? {
                 Value::Array(items) if items.len() == 1 => items[0].clone(),

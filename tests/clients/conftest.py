@@ -2,7 +2,7 @@
 Envoy + incontext in front, and the official SDKs / LiteLLM pointed at Envoy.
 
 * ``vllm``: one server for the whole run (scripts/vllm.sh on a free port, its own state
-  directory), stopped at the end. ``INCONTEXT_VLLM_TEST_STATE`` + ``INCONTEXT_VLLM_TEST_PORT``
+  directory, `--enable-scale-out` for the render API), stopped at the end. ``INCONTEXT_VLLM_TEST_STATE`` + ``INCONTEXT_VLLM_TEST_PORT``
   reuse a running one (then left running). If it cannot start, every test FAILS.
 * ``stack.envoy(name, **changes)``: one Envoy per plugin configuration (tests/vllm's base
   configuration: context_length 512, R 64, F 32), started on first use.
@@ -26,6 +26,9 @@ from tests.harness.upstream import Upstream
 
 HERE = Path(__file__).resolve().parent
 _T = {}
+# vLLM serves its render API (/v1/responses/render: the exact count of a Responses request)
+# only with this flag; it changes nothing else the suite sees.
+SCALE_OUT = ("--enable-scale-out",)
 
 
 @pytest.fixture(scope="session")
@@ -36,7 +39,7 @@ def vllm(tmp_path_factory):
         server = Vllm(Path(state), int(port))
         keep = True         # started by someone else: left running
     else:
-        server = Vllm(tmp_path_factory.mktemp("vllm-state"))
+        server = Vllm(tmp_path_factory.mktemp("vllm-state"), extra_args=SCALE_OUT)
         keep = False
     t0 = time.monotonic()
     start_or_fail(server, "vLLM", stop_on_failure=not keep)

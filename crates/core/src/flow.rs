@@ -721,7 +721,7 @@ enum Answered {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::report::{HEADER_ACTION, HEADER_SOURCE};
+    use crate::report::{HEADER_ACTION, HEADER_PROMPT, HEADER_SOURCE};
     use std::collections::HashMap;
 
     /// A dispatched call: cluster, headers, call.
@@ -1011,7 +1011,12 @@ mod tests {
                 Reason::TooLarge,
             ),
             (head("/v1/messages/count_tokens"), Reason::CountOnly),
-            (head("/v1/responses?x=1"), Reason::ResponsesApi),
+            (
+                head("/v1/responses/resp_1/cancel?x=1"),
+                Reason::ResponsesApi,
+            ),
+            (head("/v1/responses/input_tokens"), Reason::CountOnly),
+            (head("/v1/responses/render"), Reason::CountOnly),
             (
                 RequestHead {
                     end_of_stream: true,
@@ -1124,6 +1129,115 @@ mod tests {
             )
             .unwrap();
         assert!(!matches!(step, Step::Done(Action::Reply(_))));
+    }
+
+    const RESPONSES: &str =
+        r#"{"model":"m","input":[{"role":"user","content":"hi"}],"stream":true,"store":false}"#;
+
+    #[test]
+    fn responses_are_rendered_and_written_as_max_output_tokens() {
+        let p = plugin("");
+        let mut host = FakeHost::default();
+        let (mut x, step) = send(&p, &mut host, "/v1/responses?x=1", RESPONSES);
+        assert!(matches!(step, Step::Wait));
+        assert_eq!(host.calls[0].2.path, backend::MODELS_PATH);
+        let step = reply(
+            &p,
+            &mut host,
+            &mut x,
+            200,
+            r#"{"data":[{"id":"m","max_model_len":512}]}"#,
+        );
+        assert!(matches!(step, Step::Wait));
+        let call = &host.calls[1].2;
+        assert_eq!(call.path, backend::RESPONSES_RENDER_PATH);
+        assert_eq!(
+            call.body.as_deref(),
+            Some(
+                br#"{"model":"m","input":[{"role":"user","content":"hi"}],"store":false}"#
+                    .as_slice()
+            )
+        );
+        let v = rewritten(reply(
+            &p,
+            &mut host,
+            &mut x,
+            200,
+            r#"{"request_id":"r","token_ids":[1,2,3,4,5,6,7,8,9,10]}"#,
+        ));
+        assert_eq!(v["max_output_tokens"], 502);
+        assert!(v.get("max_tokens").is_none());
+        assert_eq!(v["stream"], true);
+        assert_eq!(header(&x, &p, HEADER_PROMPT).as_deref(), Some("10"));
+        // The same request again: a cache hit, whatever its cap or stream flag.
+        let again = r#"{"model":"m","input":[{"role":"user","content":"hi"}],"stream":false,"store":false,"max_output_tokens":32000}"#;
+        let (_, step) = send(&p, &mut host, "/v1/responses", again);
+        assert_eq!(rewritten(step)["max_output_tokens"], 502);
+        assert_eq!(host.calls.len(), 2);
+        assert!(host.has(Metric::CacheHits));
+    }
+
+    #[test]
+    fn responses_without_a_renderer_use_the_estimate_and_never_reject() {
+        let p = plugin(r#","context_length":512,"on_insufficient":"reject""#);
+        let mut host = FakeHost::default();
+        let (mut x, _) = send(&p, &mut host, "/v1/responses", RESPONSES);
+        // vLLM without --enable-scale-out.
+        let v = rewritten(reply(
+            &p,
+            &mut host,
+            &mut x,
+            403,
+            r#"{"detail":"Forbidden"}"#,
+        ));
+        let estimate = crate::estimate::estimate(&[r#"[{"role":"user","content":"hi"}]"#]);
+        assert_eq!(v["max_output_tokens"], 512 - estimate - 32);
+        assert!(host.has(Metric::Failure(Failure::Status)));
+        assert_eq!(header(&x, &p, HEADER_SOURCE).as_deref(), Some("estimate"));
+        // SGLang renders no Responses request: the estimate, with no count call.
+        let p = plugin(r#","backend":"sglang"|,"context_length":512"#);
+        let mut host = FakeHost::default();
+        let (x, step) = send(&p, &mut host, "/v1/responses", RESPONSES);
+        assert_eq!(rewritten(step)["max_output_tokens"], 512 - estimate - 32);
+        assert!(host.calls.is_empty());
+        assert_eq!(header(&x, &p, HEADER_SOURCE).as_deref(), Some("estimate"));
+    }
+
+    #[test]
+    fn responses_reject_stateful_and_llamacpp() {
+        let p = plugin(r#","context_length":512,"on_insufficient":"reject""#);
+        let mut host = FakeHost::default();
+        let (mut x, _) = send(&p, &mut host, "/v1/responses", RESPONSES);
+        match reply(&p, &mut host, &mut x, 200, r#"{"token_ids":[1,2,3]}"#) {
+            Step::Done(Action::Rewrite(_)) => {}
+            other => panic!("{other:?}"),
+        }
+        let ids = format!(r#"{{"token_ids":[{}]}}"#, vec!["7"; 460].join(","));
+        let body = RESPONSES.replace("hi", "hello");
+        let body: &'static str = Box::leak(body.into_boxed_str());
+        let (mut y, _) = send(&p, &mut host, "/v1/responses", body);
+        match reply(&p, &mut host, &mut y, 200, &ids) {
+            Step::Done(Action::Reply(r)) => {
+                assert_eq!(r.status, 400);
+                let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+                assert_eq!(v["error"]["code"], "context_length_exceeded");
+                assert_eq!(v["error"]["param"], "input");
+            }
+            other => panic!("{other:?}"),
+        }
+        let stateful = r#"{"model":"m","input":"more","previous_response_id":"resp_1"}"#;
+        let (x, step) = send(&p, &mut host, "/v1/responses", stateful);
+        assert!(matches!(step, Step::Done(Action::Continue)));
+        assert_eq!(
+            header(&x, &p, HEADER_ACTION).as_deref(),
+            Some("unchanged:stateful")
+        );
+        let p = plugin(r#","backend":"llamacpp"|,"context_length":512"#);
+        let mut host = FakeHost::default();
+        let (mut x, _) = send(&p, &mut host, "/v1/responses", RESPONSES);
+        assert_eq!(host.calls[0].2.path, backend::LLAMACPP_RESPONSES_COUNT_PATH);
+        let v = rewritten(reply(&p, &mut host, &mut x, 200, r#"{"input_tokens":12}"#));
+        assert_eq!(v["max_output_tokens"], 500);
     }
 
     #[test]

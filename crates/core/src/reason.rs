@@ -18,10 +18,11 @@ pub enum Reason {
     CountOnly,
     ResponsesApi,
     ThinkingBudget,
+    Stateful,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 15] = [
+    pub const ALL: [Reason; 16] = [
         Reason::Method,
         Reason::Encoding,
         Reason::TooLarge,
@@ -37,6 +38,7 @@ impl Reason {
         Reason::CountOnly,
         Reason::ResponsesApi,
         Reason::ThinkingBudget,
+        Reason::Stateful,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -56,6 +58,7 @@ impl Reason {
             Reason::CountOnly => "count_only",
             Reason::ResponsesApi => "responses_api",
             Reason::ThinkingBudget => "thinking_budget",
+            Reason::Stateful => "stateful",
         }
     }
 

@@ -40,6 +40,10 @@ pub struct Fields {
     pub system: Option<usize>,
     pub thinking: Option<usize>,
     pub output_config: Option<usize>,
+    pub input: Option<usize>,
+    pub instructions: Option<usize>,
+    pub previous_response_id: Option<usize>,
+    pub conversation: Option<usize>,
 }
 
 /// The caller cap B and where it came from.
@@ -136,6 +140,10 @@ pub fn analyze_at(body: &[u8], config: &Config, endpoint: Endpoint) -> Result<Re
             "system" => &mut f.system,
             "thinking" => &mut f.thinking,
             "output_config" => &mut f.output_config,
+            "input" => &mut f.input,
+            "instructions" => &mut f.instructions,
+            "previous_response_id" => &mut f.previous_response_id,
+            "conversation" => &mut f.conversation,
             key => {
                 let field = CapField::from_key(key).filter(|c| endpoint.is_cap(*c));
                 if let Some(field) = field {
@@ -161,7 +169,8 @@ pub fn analyze_at(body: &[u8], config: &Config, endpoint: Endpoint) -> Result<Re
     unchecked.retain(hashed);
 
     let messages = raw_bytes(body, &members, f.messages);
-    let form = endpoint.form(messages, f.prompt.is_some())?;
+    let form = endpoint.form(messages, &f)?;
+    form.admits(body, &members, &f)?;
 
     if config.models.is_some() {
         let model =

@@ -2,6 +2,7 @@
 //! contract, and the cache key (docs/spec.md §6).
 
 pub use super::dialect::payload;
+use super::dialect::{responses, Form};
 use super::request::Request;
 use serde_json::Value;
 use xxhash_rust::xxh3::Xxh3;
@@ -138,6 +139,12 @@ pub fn cache_key(req: &Request, body: &[u8], route: &str, context_length: Option
     field(0, route.as_bytes());
     field(1, &context_length.unwrap_or(0).to_le_bytes());
     field(2, &[req.form as u8]);
+    if req.form == Form::Responses {
+        for part in responses::key_parts(req, body) {
+            field(16, part);
+        }
+        return h.digest128();
+    }
     let parts = [
         f.model,
         f.messages,

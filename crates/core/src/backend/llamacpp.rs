@@ -1,9 +1,10 @@
-//! llama.cpp: its own counter for a chat, `/tokenize` of the content for a string prompt;
+//! llama.cpp: its own counters for a chat and a Responses request, `/tokenize` of the
+//! content for a string prompt;
 //! the per-slot window from `/props`.
 
 use super::{get, object, positive, post, status_ok, Call, CallKind, Counted};
 use crate::config::TokenizerConfig;
-use crate::dialect::Form;
+use crate::dialect::{responses, Form};
 use crate::json::scan::array_items;
 use crate::request::Request;
 use crate::tokenize::Failure;
@@ -11,6 +12,8 @@ use serde_json::Value;
 
 /// llama.cpp's counter for an OpenAI chat request.
 pub const LLAMACPP_CHAT_COUNT_PATH: &str = "/v1/chat/completions/input_tokens";
+/// llama.cpp's counter for an OpenAI Responses request.
+pub const LLAMACPP_RESPONSES_COUNT_PATH: &str = "/v1/responses/input_tokens";
 /// llama.cpp's server properties (`default_generation_settings.n_ctx`).
 pub const LLAMACPP_PROPS_PATH: &str = "/props";
 
@@ -26,6 +29,11 @@ pub(super) fn count_call(t: &TokenizerConfig, req: &Request, body: &[u8]) -> Opt
             &t.path,
             llamacpp_content(req, body)?,
             CallKind::TokenList,
+        )),
+        Form::Responses => Some(post(
+            LLAMACPP_RESPONSES_COUNT_PATH,
+            responses::payload(req, body)?,
+            CallKind::InputTokens,
         )),
         // Counted by Anthropic's counter, shared by every backend.
         Form::Messages => None,

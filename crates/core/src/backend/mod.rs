@@ -12,7 +12,8 @@ use crate::request::Request;
 use crate::tokenize::Failure;
 use serde_json::Value;
 
-pub use llamacpp::{LLAMACPP_CHAT_COUNT_PATH, LLAMACPP_PROPS_PATH};
+pub use llamacpp::{LLAMACPP_CHAT_COUNT_PATH, LLAMACPP_PROPS_PATH, LLAMACPP_RESPONSES_COUNT_PATH};
+pub use vllm::RESPONSES_RENDER_PATH;
 
 /// Anthropic's counter, served by vLLM, SGLang and llama.cpp alike.
 pub const MESSAGES_COUNT_PATH: &str = "/v1/messages/count_tokens";
@@ -39,6 +40,8 @@ pub enum CallKind {
     InputTokens,
     /// `{"tokens": [...]}` (llama.cpp's `/tokenize`).
     TokenList,
+    /// `{"token_ids": [...]}` (vLLM's render API).
+    TokenIds,
     /// The window: `/v1/models`.
     Models,
     /// The window: llama.cpp's `/props`.
@@ -175,6 +178,7 @@ pub fn parse_count(
             })
         }
         CallKind::TokenList => llamacpp::parse_token_list(status, body),
+        CallKind::TokenIds => vllm::parse_token_ids(status, body),
         CallKind::Models | CallKind::Props => Err(Failure::Contract),
     }
 }

@@ -15,6 +15,8 @@ pub(super) fn count_call(t: &TokenizerConfig, req: &Request, body: &[u8]) -> Opt
         Form::Completion => Some(post(&t.path, payload(req, body)?, CallKind::Tokenize)),
         // Counted by Anthropic's counter, shared by every backend.
         Form::Messages => None,
+        // SGLang has no renderer of a Responses request: the estimate.
+        Form::Responses => None,
     }
 }
 

@@ -1,5 +1,5 @@
-//! The request dialect axis: OpenAI chat (`messages`), OpenAI completion (`prompt`), and
-//! Anthropic Messages (docs/spec.md §4, §10). One module per dialect holds what differs
+//! The request dialect axis: OpenAI chat (`messages`), OpenAI completion (`prompt`),
+//! Anthropic Messages and OpenAI Responses (docs/spec.md §4, §10, §14). One module per dialect holds what differs
 //! between them: which fields are caps, how the prompt is counted and what the count payload
 //! is, which raw slices the estimate reads, and how a rejection looks. This module names the
 //! dialects and dispatches to them.
@@ -7,6 +7,7 @@
 pub mod chat;
 pub mod completion;
 pub mod messages;
+pub mod responses;
 
 use crate::caps::CapField;
 use crate::config::Config;
@@ -21,6 +22,7 @@ pub enum Form {
     Chat,
     Completion,
     Messages,
+    Responses,
 }
 
 /// What the request path says about the dialect, before the body is read.
@@ -30,6 +32,8 @@ pub enum Endpoint {
     OpenAi,
     /// `…/v1/messages`: Anthropic Messages.
     Messages,
+    /// `…/v1/responses`: OpenAI Responses.
+    Responses,
 }
 
 /// The endpoint of a request path (without the query), or why it is not budgeted.
@@ -40,7 +44,12 @@ pub fn classify_path(path: &str) -> Result<Endpoint, Reason> {
         Ok(Endpoint::Messages)
     } else if path.ends_with("/v1/messages/count_tokens") {
         Err(Reason::CountOnly)
-    } else if path.ends_with("/v1/responses") || path.contains("/v1/responses/") {
+    } else if path.ends_with("/v1/responses") {
+        Ok(Endpoint::Responses)
+    } else if path.ends_with("/v1/responses/input_tokens") || path.ends_with("/v1/responses/render")
+    {
+        Err(Reason::CountOnly)
+    } else if path.contains("/v1/responses/") {
         Err(Reason::ResponsesApi)
     } else {
         Ok(Endpoint::OpenAi)
@@ -53,14 +62,18 @@ impl Endpoint {
         match self {
             Endpoint::OpenAi => true,
             Endpoint::Messages => messages::is_cap(field),
+            Endpoint::Responses => responses::is_cap(field),
         }
     }
 
-    /// The dialect of a body sent here, from the raw `messages` and whether `prompt` is
-    /// present.
-    pub fn form(self, messages: Option<&[u8]>, has_prompt: bool) -> Result<Form, Reason> {
+    /// The dialect of a body sent here, from the raw `messages` and which of `prompt` and
+    /// `input` are present.
+    pub fn form(self, messages: Option<&[u8]>, f: &Fields) -> Result<Form, Reason> {
         let array = messages.is_some_and(|m| m.starts_with(b"["));
+        let has_prompt = f.prompt.is_some();
         match self {
+            Endpoint::Responses if f.input.is_some() => Ok(Form::Responses),
+            Endpoint::Responses => Err(Reason::Shape),
             Endpoint::Messages if array => Ok(Form::Messages),
             Endpoint::Messages => Err(Reason::Shape),
             Endpoint::OpenAi if array => Ok(Form::Chat),
@@ -77,12 +90,22 @@ impl Form {
             Form::Chat => false,
             Form::Completion => completion::REQUIRES_CAP,
             Form::Messages => messages::REQUIRES_CAP,
+            Form::Responses => responses::REQUIRES_CAP,
         }
     }
 
     /// Whether `truncate_prompt_tokens` (T) is read.
     pub fn reads_truncate(self) -> bool {
-        self != Form::Messages
+        matches!(self, Form::Chat | Form::Completion)
+    }
+
+    /// `Err` with the reason when a request of this dialect cannot be budgeted from its body
+    /// alone (a Responses request that continues server-side state).
+    pub fn admits(self, body: &[u8], members: &[Member], f: &Fields) -> Result<(), Reason> {
+        match self {
+            Form::Responses => responses::stateless(body, members, f),
+            Form::Chat | Form::Completion | Form::Messages => Ok(()),
+        }
     }
 
     /// How the prompt will be counted.
@@ -96,7 +119,7 @@ impl Form {
         match self {
             Form::Chat => Ok(chat::counting(body, members, f, config)),
             Form::Completion => completion::counting(body, members, f),
-            Form::Messages => Ok(Counting::Tokenize),
+            Form::Messages | Form::Responses => Ok(Counting::Tokenize),
         }
     }
 
@@ -106,6 +129,7 @@ impl Form {
             Form::Chat => chat::estimate(req, body)?,
             Form::Completion => completion::estimate(req, body)?,
             Form::Messages => messages::estimate(req, body)?,
+            Form::Responses => responses::estimate(req, body)?,
         };
         Some(n.max(1))
     }
@@ -116,7 +140,7 @@ impl Form {
             Form::Chat => chat::text_only(req, body),
             // The prompt is text or ids.
             Form::Completion => true,
-            Form::Messages => false,
+            Form::Messages | Form::Responses => false,
         }
     }
 
@@ -130,7 +154,7 @@ impl Form {
     ) -> Result<Option<(usize, Vec<u8>)>, Reason> {
         match self {
             Form::Messages => messages::thinking_budget(req, body, value),
-            Form::Chat | Form::Completion => Ok(None),
+            Form::Chat | Form::Completion | Form::Responses => Ok(None),
         }
     }
 
@@ -139,6 +163,7 @@ impl Form {
     pub fn target(self, req: &Request) -> (Option<usize>, &'static str) {
         match self {
             Form::Chat => chat::target(req),
+            Form::Responses => responses::target(req),
             Form::Completion | Form::Messages => match req.cap {
                 Some(c) => (Some(c.member), c.field.name()),
                 None => (None, CapField::MaxTokens.name()),
@@ -152,18 +177,19 @@ impl Form {
         match self {
             Form::Chat | Form::Completion => chat::reject_body(window, prompt, value, required),
             Form::Messages => messages::reject_body(window, prompt, required),
+            Form::Responses => responses::reject_body(window, prompt, required),
         }
     }
 }
 
 /// Builds vLLM's `/tokenize` payload for `req` (docs/spec.md §5). `None` when a field it needs
 /// is not of the expected form (the caller then uses the estimate), or when the dialect is
-/// counted by the backend's own counter with the request as it is (Anthropic).
+/// counted by the backend's own counter with the request as it is (Anthropic, Responses).
 pub fn payload(req: &Request, body: &[u8]) -> Option<Vec<u8>> {
     match req.form {
         Form::Chat => chat::payload(req, body),
         Form::Completion => completion::payload(req, body),
-        Form::Messages => None,
+        Form::Messages | Form::Responses => None,
     }
 }
 

@@ -79,6 +79,8 @@ pub struct Config {
     pub estimate_constrained: bool,
     /// Mirrors vLLM's `--exclude-tools-when-tool-choice-none` (vLLM only).
     pub exclude_tools_when_tool_choice_none: bool,
+    /// Skip the count where a bound proves the outcome (docs/spec.md §15; vLLM only).
+    pub skip_count: bool,
 }
 
 /// A configuration error; `field` names the offending key (dotted path).
@@ -135,6 +137,7 @@ struct RawConfig {
     response_headers: Option<Value>,
     estimate_constrained: Option<Value>,
     exclude_tools_when_tool_choice_none: Option<Value>,
+    skip_count: Option<Value>,
 }
 
 pub const DEFAULT_MIN_OUTPUT_TOKENS: u64 = 4096;
@@ -366,6 +369,13 @@ impl Config {
                 "is a vllm setting (tokenizer.backend is not vllm)",
             ));
         }
+        let skip_count = boolean("skip_count", raw.skip_count, false)?;
+        if skip_count && tokenizer.backend != Backend::Vllm {
+            return Err(err(
+                "skip_count",
+                "is a vllm setting (tokenizer.backend is not vllm)",
+            ));
+        }
         let config = Config {
             tokenizer,
             models,
@@ -379,6 +389,7 @@ impl Config {
             response_headers,
             estimate_constrained,
             exclude_tools_when_tool_choice_none,
+            skip_count,
         };
         config.check_window()?;
         Ok(config)

@@ -12,9 +12,10 @@
 
 pub use crate::backend::Call;
 use crate::backend::{self, CallKind, Counted};
+use crate::bound;
 use crate::cache;
-use crate::config::Config;
-use crate::dialect::{classify_path, Endpoint};
+use crate::config::{Backend, Config};
+use crate::dialect::{classify_path, Endpoint, Form};
 use crate::plan::{decide, Count, Outcome, Source};
 use crate::reason::Reason;
 use crate::report::Report;
@@ -38,6 +39,21 @@ pub enum Metric {
     Estimates,
     Unchanged(Reason),
     Failure(Failure),
+    /// A count call on the request's path.
+    CountCalls,
+    /// A request whose count a bound made unnecessary (docs/spec.md §15).
+    CountSkipped,
+    /// A skipped request counted after it went upstream.
+    BoundChecks,
+    /// A check whose count exceeded the bound: skipping is off for that route.
+    BoundViolations,
+}
+
+/// What the flow measures (Envoy histograms).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Histogram {
+    /// Milliseconds from a count call's dispatch on the request's path to its answer.
+    CountMs,
 }
 
 /// What the flow needs from its host. Host errors are the host's to absorb: a failed read is
@@ -54,6 +70,11 @@ pub trait Host {
         timeout_ms: u64,
     ) -> Option<u32>;
     fn increment(&mut self, metric: Metric);
+    /// The host's clock in milliseconds, when it has one.
+    fn now_ms(&mut self) -> Option<u64> {
+        None
+    }
+    fn record(&mut self, _histogram: Histogram, _value: u64) {}
 }
 
 /// One plugin configuration: what every request it filters shares.
@@ -81,6 +102,14 @@ impl Plugin {
             scope,
             warned_window: Cell::new(false),
         }
+    }
+
+    /// Whether a bound may stand in for this request's count (docs/spec.md §15).
+    fn skipping(&self, req: &Request) -> bool {
+        self.config.skip_count
+            && self.config.tokenizer.backend == Backend::Vllm
+            && matches!(req.form, Form::Chat | Form::Messages)
+            && req.truncate.is_none()
     }
 
     /// The context length learned for `model` behind this plugin's tokenizer.
@@ -186,6 +215,10 @@ struct Pending {
     body: Vec<u8>,
     key: u128,
     model: String,
+    /// The last link of the message chain, when skipping is on (docs/spec.md §15).
+    link: Option<u128>,
+    /// When the count call went out.
+    sent_ms: Option<u64>,
 }
 
 #[derive(Debug)]
@@ -201,6 +234,15 @@ enum State {
         token: u32,
         kind: CallKind,
         pending: Box<Pending>,
+    },
+    /// Sent upstream unchanged on a bound; counted once the upstream answers.
+    Skipped { pending: Box<Pending>, bound: u64 },
+    /// Waiting for the count of a skipped request.
+    Checking {
+        token: u32,
+        kind: CallKind,
+        pending: Box<Pending>,
+        bound: u64,
     },
 }
 
@@ -295,7 +337,9 @@ impl Exchange {
     ) -> BodyStep {
         match self.state {
             State::Buffering => {}
-            State::Passing => return BodyStep::Continue,
+            State::Passing | State::Skipped { .. } | State::Checking { .. } => {
+                return BodyStep::Continue
+            }
             State::Window { .. } | State::Counting { .. } => return BodyStep::Wait,
         }
         if size > plugin.config.max_body_bytes {
@@ -383,12 +427,23 @@ impl Exchange {
         }
         host.increment(Metric::CacheMisses);
         let model = req.model_name(&body);
+        let chain = plugin
+            .skipping(&req)
+            .then(|| bound::chain(&req, &body, &plugin.scope, config.context_length))
+            .flatten();
         let pending = Box::new(Pending {
             req,
             body,
             key,
             model,
+            link: chain.as_ref().and_then(|c| c.links.last().copied()),
+            sent_ms: None,
         });
+        if let Some(chain) = &chain {
+            if let Some(p_hi) = self.provable(plugin, host, &pending, chain) {
+                return self.skip(plugin, host, pending, p_hi);
+            }
+        }
         let needs_window = !backend::count_reports_window(config, pending.req.form)
             && config.context_length.is_none()
             && plugin.learned(host, &pending.model).is_none();
@@ -415,16 +470,158 @@ impl Exchange {
         token
     }
 
-    fn dispatch_count(
+    /// P_hi when a bound from a counted prefix of this conversation proves the outcome: the
+    /// caller's cap fits (W − P_hi ≥ B), or, without a cap, the server's own default of the
+    /// rest of the window does (W = C, W − P_hi ≥ R). Only where writing the cap back would
+    /// change nothing: one cap member, of the field the rewrite writes, with a thinking
+    /// budget that needs no lowering.
+    fn provable(
+        &self,
+        plugin: &Plugin,
+        host: &mut dyn Host,
+        pending: &Pending,
+        chain: &bound::Chain,
+    ) -> Option<u64> {
+        let config = &plugin.config;
+        let req = &pending.req;
+        let learned = match config.context_length {
+            None => Some(plugin.learned(host, &pending.model)?),
+            Some(_) => None,
+        };
+        let (w, c) = crate::plan::window(config, learned).ok()?;
+        let need = match req.cap {
+            Some(cap) => {
+                let same_field = req.target().1 == cap.field.name();
+                let budget_ok = req.form != Form::Messages
+                    || matches!(
+                        crate::dialect::messages::thinking_budget(req, &pending.body, cap.value),
+                        Ok(None)
+                    );
+                if req.cap_members.len() != 1 || !same_field || !budget_ok {
+                    return None;
+                }
+                cap.value
+            }
+            None if req.form == Form::Chat && w == c => config.min_output_tokens,
+            None => return None,
+        };
+        if host
+            .get_shared(&bound::off_key(&plugin.scope, &pending.model))
+            .is_some()
+        {
+            return None;
+        }
+        let n = chain.links.len();
+        for k in (n.saturating_sub(bound::MAX_PROBES).max(1)..=n).rev() {
+            let link = chain.links[k - 1];
+            let Some(entry) = host
+                .get_shared(&bound::slot_key(link, config.cache_entries))
+                .and_then(|v| bound::decode(link, &v))
+            else {
+                continue;
+            };
+            let p_hi = bound::upper_bound(req.form, &pending.body, chain, k, entry.tokens)?;
+            return (p_hi.checked_add(need)? <= w).then_some(p_hi);
+        }
+        None
+    }
+
+    /// Sends the request on unchanged with P_hi reported; the conversation is anchored at
+    /// once by the bound, and by the exact count once the upstream answered.
+    fn skip(
         &mut self,
         plugin: &Plugin,
         host: &mut dyn Host,
         pending: Box<Pending>,
+        p_hi: u64,
+    ) -> Step {
+        host.increment(Metric::CountSkipped);
+        if let Some(link) = pending.link {
+            let slot = bound::slot_key(link, plugin.config.cache_entries);
+            if host
+                .get_shared(&slot)
+                .and_then(|v| bound::decode(link, &v))
+                .is_none()
+            {
+                let entry = bound::Entry {
+                    tokens: p_hi,
+                    exact: false,
+                };
+                host.set_shared(&slot, &bound::encode(link, entry));
+            }
+        }
+        self.unchanged(host, Reason::Fits, Some((p_hi, Source::Bound)));
+        self.state = State::Skipped {
+            pending,
+            bound: p_hi,
+        };
+        Step::Done(Action::Continue)
+    }
+
+    /// The upstream answered (its response headers): a skipped request is counted now, off
+    /// its path, to check the bound and anchor the conversation's next turn.
+    pub fn on_upstream_answer(&mut self, plugin: &Plugin, host: &mut dyn Host) {
+        let State::Skipped { pending, bound } = std::mem::replace(&mut self.state, State::Passing)
+        else {
+            return;
+        };
+        let Some(call) = backend::count_call(&plugin.config, &pending.req, &pending.body) else {
+            return;
+        };
+        if let Some(token) = self.dispatch(plugin, host, &call) {
+            host.increment(Metric::BoundChecks);
+            self.state = State::Checking {
+                token,
+                kind: call.kind,
+                pending,
+                bound,
+            };
+        }
+    }
+
+    /// The count of a skipped request: stored, and held against its bound.
+    fn checked(
+        &self,
+        plugin: &Plugin,
+        host: &mut dyn Host,
+        pending: &Pending,
+        bound: u64,
+        counted: Result<Counted, Failure>,
+    ) {
+        let counted = match counted {
+            Ok(c) => c,
+            Err(failure) => {
+                host.increment(Metric::Failure(failure));
+                return;
+            }
+        };
+        self.store(plugin, host, pending, counted);
+        if counted.count <= bound {
+            return;
+        }
+        host.increment(Metric::BoundViolations);
+        let off = bound::off_key(&plugin.scope, &pending.model);
+        if host.get_shared(&off).is_none() {
+            host.set_shared(&off, &[1]);
+            log::warn!(
+                "incontext: a count exceeded its bound ({} > {bound}); counting every request of this route from now on",
+                counted.count
+            );
+        }
+    }
+
+    fn dispatch_count(
+        &mut self,
+        plugin: &Plugin,
+        host: &mut dyn Host,
+        mut pending: Box<Pending>,
     ) -> Step {
         let Some(call) = backend::count_call(&plugin.config, &pending.req, &pending.body) else {
             // A field the payload needs does not parse (the server would refuse it too).
             return self.estimate(plugin, host, &pending.req, pending.body);
         };
+        host.increment(Metric::CountCalls);
+        pending.sent_ms = host.now_ms();
         match self.dispatch(plugin, host, &call) {
             Some(token) => {
                 self.state = State::Counting {
@@ -468,9 +665,22 @@ impl Exchange {
                 kind,
                 pending,
             } if token == answer.token => {
+                if let (Some(sent), Some(now)) = (pending.sent_ms, host.now_ms()) {
+                    host.record(Histogram::CountMs, now.saturating_sub(sent));
+                }
                 let counted =
                     answer.read(|b| backend::parse_count(&plugin.config, kind, answer.status, b));
                 Some(Answered::Count(pending, counted))
+            }
+            State::Checking {
+                token,
+                kind,
+                pending,
+                bound,
+            } if token == answer.token => {
+                let counted =
+                    answer.read(|b| backend::parse_count(&plugin.config, kind, answer.status, b));
+                Some(Answered::Check(pending, bound, counted))
             }
             other => {
                 self.state = other;
@@ -487,6 +697,11 @@ impl Exchange {
         answer: &Answer,
     ) -> Option<Step> {
         Some(match self.take_answer(plugin, host, answer)? {
+            Answered::Check(pending, bound, counted) => {
+                // The request went on already: nothing to apply.
+                self.checked(plugin, host, &pending, bound, counted);
+                return None;
+            }
             Answered::Window(pending) => self.dispatch_count(plugin, host, pending),
             Answered::Count(pending, Ok(counted)) => self.counted(plugin, host, pending, counted),
             Answered::Count(pending, Err(failure)) => self.failed(plugin, host, failure, pending),
@@ -508,13 +723,19 @@ impl Exchange {
                 host.increment(Metric::Failure(failure));
                 true
             }
+            Some(Answered::Check(pending, bound, counted)) => {
+                self.checked(plugin, host, &pending, bound, counted);
+                true
+            }
         }
     }
 
     /// The token of the call that is out, if any.
     pub fn pending_token(&self) -> Option<u32> {
         match self.state {
-            State::Window { token, .. } | State::Counting { token, .. } => Some(token),
+            State::Window { token, .. }
+            | State::Counting { token, .. }
+            | State::Checking { token, .. } => Some(token),
             _ => None,
         }
     }
@@ -535,6 +756,16 @@ impl Exchange {
             &cache::slot_key(pending.key, config.cache_entries),
             &cache::encode(pending.key, reply),
         );
+        if let Some(link) = pending.link {
+            let entry = bound::Entry {
+                tokens: counted.count,
+                exact: true,
+            };
+            host.set_shared(
+                &bound::slot_key(link, config.cache_entries),
+                &bound::encode(link, entry),
+            );
+        }
     }
 
     fn counted(
@@ -716,6 +947,8 @@ impl Answer<'_> {
 enum Answered {
     Window(Box<Pending>),
     Count(Box<Pending>, Result<Counted, Failure>),
+    /// The count of a skipped request, and its bound.
+    Check(Box<Pending>, u64, Result<Counted, Failure>),
 }
 
 #[cfg(test)]
@@ -848,6 +1081,334 @@ mod tests {
             .into_iter()
             .find(|(k, _)| *k == name)
             .map(|(_, v)| v)
+    }
+
+    /// A conversation of `turns` tool rounds after a system prompt and a user question.
+    fn session(turns: usize, cap: &str) -> String {
+        let mut messages = vec![
+            r#"{"role":"system","content":"you are an agent"}"#.to_string(),
+            r#"{"role":"user","content":"fix the bug"}"#.to_string(),
+        ];
+        for i in 0..turns {
+            messages.push(format!(
+                r#"{{"role":"assistant","content":null,"tool_calls":[{{"id":"c{i}","type":"function","function":{{"name":"read","arguments":"{{\"path\":\"f{i}\"}}"}}}}]}}"#
+            ));
+            messages.push(format!(
+                r#"{{"role":"tool","tool_call_id":"c{i}","content":"{}"}}"#,
+                "x".repeat(100)
+            ));
+        }
+        format!(
+            r#"{{"model":"m","messages":[{}],"tools":[{{"type":"function","function":{{"name":"read"}}}}]{cap}}}"#,
+            messages.join(",")
+        )
+    }
+
+    fn leak(s: String) -> &'static str {
+        Box::leak(s.into_boxed_str())
+    }
+
+    fn action(x: &Exchange, p: &Plugin) -> String {
+        header(x, p, HEADER_ACTION).unwrap_or_default()
+    }
+
+    /// Answers the count call that is out for `x` (the skipped request's check).
+    fn answer_check(p: &Plugin, host: &mut FakeHost, x: &mut Exchange, count: u64) {
+        let token = x.pending_token().expect("a check is out");
+        let body = format!(r#"{{"count":{count},"max_model_len":40960}}"#);
+        let step = x.on_reply(
+            p,
+            host,
+            &Answer {
+                token,
+                status: Some(200),
+                size: body.len(),
+                body: body.as_bytes(),
+            },
+        );
+        assert!(step.is_none(), "a check has nothing to apply");
+    }
+
+    const SKIP: &str = r#","context_length":40960,"skip_count":true"#;
+
+    #[test]
+    fn a_grown_conversation_whose_cap_fits_skips_the_count_and_is_checked_after() {
+        let p = plugin(SKIP);
+        let mut host = FakeHost::default();
+        let cap = r#","max_tokens":16000"#;
+        let (mut x, _) = send(&p, &mut host, "/v1/chat/completions", leak(session(1, cap)));
+        reply(
+            &p,
+            &mut host,
+            &mut x,
+            200,
+            r#"{"count":900,"max_model_len":40960}"#,
+        );
+        assert_eq!(host.calls.len(), 1);
+
+        let body = leak(session(2, cap));
+        let (mut y, step) = send(&p, &mut host, "/v1/chat/completions", body);
+        assert!(matches!(step, Step::Done(Action::Continue)));
+        assert_eq!(host.calls.len(), 1, "no count on the request's path");
+        assert_eq!(action(&y, &p), "unchanged:fits");
+        assert_eq!(header(&y, &p, HEADER_SOURCE).as_deref(), Some("bound"));
+        let p_hi: u64 = header(&y, &p, HEADER_PROMPT).unwrap().parse().unwrap();
+        assert!(p_hi > 900 && p_hi + 16000 <= 40960, "{p_hi}");
+        assert!(host.has(Metric::CountSkipped) && host.has(Metric::Unchanged(Reason::Fits)));
+        // The body goes on as it came; once the upstream answers, it is counted off its path.
+        assert_eq!(
+            y.on_body_chunk(&p, &mut host, body.len(), true),
+            BodyStep::Continue
+        );
+        y.on_upstream_answer(&p, &mut host);
+        assert_eq!(host.calls.len(), 2);
+        assert_eq!(host.calls[1].2.path, "/tokenize");
+        assert!(host.has(Metric::BoundChecks));
+        answer_check(&p, &mut host, &mut y, 1000);
+        assert!(!host.has(Metric::BoundViolations));
+        // That exact count anchors the next turn, which skips again.
+        let (_, step) = send(&p, &mut host, "/v1/chat/completions", leak(session(3, cap)));
+        assert!(matches!(step, Step::Done(Action::Continue)));
+        assert_eq!(host.calls.len(), 2);
+        // The same body again is a plain cache hit of the checked count.
+        let (z, step) = send(&p, &mut host, "/v1/chat/completions", body);
+        rewritten(step);
+        assert_eq!(header(&z, &p, HEADER_PROMPT).as_deref(), Some("1000"));
+    }
+
+    #[test]
+    fn a_bound_that_does_not_prove_the_outcome_counts() {
+        let p = plugin(SKIP);
+        let mut host = FakeHost::default();
+        let cap = r#","max_tokens":16000"#;
+        let (mut x, _) = send(&p, &mut host, "/v1/chat/completions", leak(session(1, cap)));
+        reply(
+            &p,
+            &mut host,
+            &mut x,
+            200,
+            r#"{"count":24800,"max_model_len":40960}"#,
+        );
+        let (mut y, step) = send(&p, &mut host, "/v1/chat/completions", leak(session(2, cap)));
+        assert!(
+            matches!(step, Step::Wait),
+            "24800 + the bound of a turn > 40960 − 16000"
+        );
+        let v = rewritten(reply(
+            &p,
+            &mut host,
+            &mut y,
+            200,
+            r#"{"count":25000,"max_model_len":40960}"#,
+        ));
+        assert_eq!(v["max_tokens"], 15960);
+    }
+
+    #[test]
+    fn bad_input_falls_back_to_a_full_count() {
+        let cap = r#","max_tokens":16000"#;
+        let first = session(2, cap);
+        let grown = session(3, cap);
+        let cases: Vec<(&str, String, &str)> = vec![
+            // A message of the history edited, removed, reordered.
+            ("edited", grown.replace("fix the bug", "fix the bugs"), ""),
+            ("removed", grown.replace(r#"{"role":"user","content":"fix the bug"},"#, ""), ""),
+            (
+                "reordered",
+                grown.replace(
+                    r#"{"role":"system","content":"you are an agent"},{"role":"user","content":"fix the bug"}"#,
+                    r#"{"role":"user","content":"fix the bug"},{"role":"system","content":"you are an agent"}"#,
+                ),
+                "",
+            ),
+            // Other tools, another model, two caps, a cap field the rewrite renames, T.
+            ("tools", grown.replace(r#"{"name":"read"}"#, r#"{"name":"write"}"#), ""),
+            ("model", grown.replace(r#""model":"m""#, r#""model":"n""#), ""),
+            ("two caps", grown.replace(cap, r#","max_tokens":16000,"max_completion_tokens":16000"#), ""),
+            ("renamed", grown.replace("max_tokens", "max_output_tokens"), ""),
+            ("truncate", grown.replace(cap, r#","max_tokens":16000,"truncate_prompt_tokens":100"#), ""),
+            // Content the bound cannot see through.
+            (
+                "image",
+                grown.replace(
+                    r#""}],"tools""#,
+                    r#""},{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}],"tools""#,
+                ),
+                "",
+            ),
+            // Another route.
+            ("route", grown.clone(), "other"),
+        ];
+        for (name, body, cluster) in cases {
+            let p = plugin(SKIP);
+            let mut host = FakeHost::default();
+            let (mut x, _) = send(&p, &mut host, "/v1/chat/completions", leak(first.clone()));
+            reply(
+                &p,
+                &mut host,
+                &mut x,
+                200,
+                r#"{"count":900,"max_model_len":40960}"#,
+            );
+            let q = if cluster.is_empty() {
+                plugin(SKIP)
+            } else {
+                plugin_at(cluster, SKIP)
+            };
+            let (_, step) = send(&q, &mut host, "/v1/chat/completions", leak(body));
+            assert!(matches!(step, Step::Wait), "{name}: counted");
+            assert!(!host.has(Metric::CountSkipped), "{name}");
+        }
+        // A body that shrank: its prefix was counted (a cache hit, or a bounded prefix).
+        let p = plugin(SKIP);
+        let mut host = FakeHost::default();
+        let (mut x, _) = send(&p, &mut host, "/v1/chat/completions", leak(grown.clone()));
+        reply(
+            &p,
+            &mut host,
+            &mut x,
+            200,
+            r#"{"count":900,"max_model_len":40960}"#,
+        );
+        let (_, step) = send(&p, &mut host, "/v1/chat/completions", leak(first.clone()));
+        assert!(
+            matches!(step, Step::Wait),
+            "a shorter body has no counted prefix"
+        );
+        // Skipping off: counted.
+        let p = plugin(r#","context_length":40960"#);
+        let mut host = FakeHost::default();
+        let (mut x, _) = send(&p, &mut host, "/v1/chat/completions", leak(first));
+        reply(
+            &p,
+            &mut host,
+            &mut x,
+            200,
+            r#"{"count":900,"max_model_len":40960}"#,
+        );
+        let (_, step) = send(&p, &mut host, "/v1/chat/completions", leak(grown));
+        assert!(matches!(step, Step::Wait));
+    }
+
+    #[test]
+    fn without_a_cap_only_where_the_server_takes_the_rest_of_the_window() {
+        let p = plugin(SKIP);
+        let mut host = FakeHost::default();
+        let (mut x, _) = send(&p, &mut host, "/v1/chat/completions", leak(session(1, "")));
+        reply(
+            &p,
+            &mut host,
+            &mut x,
+            200,
+            r#"{"count":900,"max_model_len":40960}"#,
+        );
+        let (y, step) = send(&p, &mut host, "/v1/chat/completions", leak(session(2, "")));
+        assert!(matches!(step, Step::Done(Action::Continue)));
+        assert_eq!(action(&y, &p), "unchanged:fits");
+        // W < C: the server's default would overrun W.
+        let p = plugin(r#","context_length":40960,"window_tokens":32768,"skip_count":true"#);
+        let mut host = FakeHost::default();
+        let (mut x, _) = send(&p, &mut host, "/v1/chat/completions", leak(session(1, "")));
+        reply(
+            &p,
+            &mut host,
+            &mut x,
+            200,
+            r#"{"count":900,"max_model_len":40960}"#,
+        );
+        let (_, step) = send(&p, &mut host, "/v1/chat/completions", leak(session(2, "")));
+        assert!(matches!(step, Step::Wait));
+    }
+
+    #[test]
+    fn anthropic_turns_skip_too() {
+        let p = plugin(SKIP);
+        let mut host = FakeHost::default();
+        let turn = |n: usize| {
+            let mut m = vec![r#"{"role":"user","content":"fix it"}"#.to_string()];
+            for i in 0..n {
+                m.push(format!(r#"{{"role":"assistant","content":[{{"type":"text","text":"reading"}},{{"type":"tool_use","id":"t{i}","name":"read","input":{{"path":"f{i}"}}}}]}}"#));
+                m.push(format!(r#"{{"role":"user","content":[{{"type":"tool_result","tool_use_id":"t{i}","content":"{}"}}]}}"#, "y".repeat(50)));
+            }
+            leak(format!(
+                r#"{{"model":"m","system":"be brief","max_tokens":32000,"messages":[{}],"stream":true}}"#,
+                m.join(",")
+            ))
+        };
+        let (mut x, _) = send(&p, &mut host, "/v1/messages", turn(1));
+        reply(&p, &mut host, &mut x, 200, r#"{"input_tokens":300}"#);
+        let (mut y, step) = send(&p, &mut host, "/v1/messages", turn(2));
+        assert!(matches!(step, Step::Done(Action::Continue)));
+        assert_eq!(action(&y, &p), "unchanged:fits");
+        y.on_upstream_answer(&p, &mut host);
+        assert_eq!(
+            host.calls.last().unwrap().2.path,
+            backend::MESSAGES_COUNT_PATH
+        );
+        // The stream ended before the check's answer: still stored and held to the bound.
+        let token = y.pending_token().unwrap();
+        let late = br#"{"input_tokens":99999}"#;
+        assert!(y.on_late_reply(
+            &p,
+            &mut host,
+            &Answer {
+                token,
+                status: Some(200),
+                size: late.len(),
+                body: late,
+            }
+        ));
+        assert!(host.has(Metric::BoundViolations));
+    }
+
+    #[test]
+    fn a_count_above_its_bound_turns_skipping_off_for_the_route() {
+        // A tokenizer whose counts break the byte bound: far more tokens than bytes.
+        let p = plugin(SKIP);
+        let other = plugin_at("w", SKIP);
+        let mut host = FakeHost::default();
+        let cap = r#","max_tokens":16000"#;
+        let (mut x, _) = send(&p, &mut host, "/v1/chat/completions", leak(session(1, cap)));
+        reply(
+            &p,
+            &mut host,
+            &mut x,
+            200,
+            r#"{"count":900,"max_model_len":40960}"#,
+        );
+        let (mut o, _) = send(
+            &other,
+            &mut host,
+            "/v1/chat/completions",
+            leak(session(1, cap)),
+        );
+        reply(
+            &other,
+            &mut host,
+            &mut o,
+            200,
+            r#"{"count":900,"max_model_len":40960}"#,
+        );
+        let (mut y, _) = send(&p, &mut host, "/v1/chat/completions", leak(session(2, cap)));
+        assert_eq!(action(&y, &p), "unchanged:fits");
+        let bound: u64 = header(&y, &p, HEADER_PROMPT).unwrap().parse().unwrap();
+        y.on_upstream_answer(&p, &mut host);
+        answer_check(&p, &mut host, &mut y, bound + 1);
+        assert!(host.has(Metric::BoundViolations));
+        // From now on this route counts every turn, even one its bound would prove.
+        let calls = host.calls.len();
+        let (_, step) = send(&p, &mut host, "/v1/chat/completions", leak(session(3, cap)));
+        assert!(matches!(step, Step::Wait));
+        assert_eq!(host.calls.len(), calls + 1);
+        // Another route keeps skipping.
+        let (o2, step) = send(
+            &other,
+            &mut host,
+            "/v1/chat/completions",
+            leak(session(2, cap)),
+        );
+        assert!(matches!(step, Step::Done(Action::Continue)));
+        assert_eq!(action(&o2, &other), "unchanged:fits");
     }
 
     #[test]

@@ -7,6 +7,7 @@
 //! The contract is docs/spec.md.
 
 pub mod backend;
+pub mod bound;
 pub mod cache;
 pub mod caps;
 pub mod config;

@@ -13,6 +13,8 @@ pub enum Source {
     Exact,
     Cache,
     Estimate,
+    /// An upper bound that proved the outcome without a count (docs/spec.md §15).
+    Bound,
 }
 
 impl Source {
@@ -21,6 +23,7 @@ impl Source {
             Source::Exact => "exact",
             Source::Cache => "cache",
             Source::Estimate => "estimate",
+            Source::Bound => "bound",
         }
     }
 }

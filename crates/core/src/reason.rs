@@ -19,10 +19,12 @@ pub enum Reason {
     ResponsesApi,
     ThinkingBudget,
     Stateful,
+    /// A bound proves the caller's cap (or, without one, the server's default) fits.
+    Fits,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 16] = [
+    pub const ALL: [Reason; 17] = [
         Reason::Method,
         Reason::Encoding,
         Reason::TooLarge,
@@ -39,6 +41,7 @@ impl Reason {
         Reason::ResponsesApi,
         Reason::ThinkingBudget,
         Reason::Stateful,
+        Reason::Fits,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -59,6 +62,7 @@ impl Reason {
             Reason::ResponsesApi => "responses_api",
             Reason::ThinkingBudget => "thinking_budget",
             Reason::Stateful => "stateful",
+            Reason::Fits => "fits",
         }
     }
 

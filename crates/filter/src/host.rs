@@ -32,6 +32,7 @@ pub enum LogLevel {
 }
 
 const METRIC_COUNTER: u32 = 0;
+const METRIC_HISTOGRAM: u32 = 2;
 
 /// A host status other than Ok, or a malformed answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -99,6 +100,8 @@ extern "C" {
     ) -> u32;
     fn proxy_define_metric(kind: u32, name: *const u8, name_size: usize, id: *mut u32) -> u32;
     fn proxy_increment_metric(id: u32, offset: i64) -> u32;
+    fn proxy_record_metric(id: u32, value: u64) -> u32;
+    fn proxy_get_current_time_nanoseconds(time: *mut u64) -> u32;
     fn proxy_continue_stream(stream: u32) -> u32;
     fn proxy_set_effective_context(context_id: u32) -> u32;
     #[allow(clippy::too_many_arguments)]
@@ -277,6 +280,26 @@ pub fn define_counter(name: &str) -> Result<u32, HostError> {
     // SAFETY: pointer and length of a live str; out-pointer to a local.
     status(unsafe { proxy_define_metric(METRIC_COUNTER, name.as_ptr(), name.len(), &mut id) })?;
     Ok(id)
+}
+
+pub fn define_histogram(name: &str) -> Result<u32, HostError> {
+    let mut id = 0;
+    // SAFETY: pointer and length of a live str; out-pointer to a local.
+    status(unsafe { proxy_define_metric(METRIC_HISTOGRAM, name.as_ptr(), name.len(), &mut id) })?;
+    Ok(id)
+}
+
+pub fn record(id: u32, value: u64) -> Result<(), HostError> {
+    // SAFETY: plain values.
+    status(unsafe { proxy_record_metric(id, value) })
+}
+
+/// The host's wall clock, in nanoseconds.
+pub fn now_ns() -> Result<u64, HostError> {
+    let mut t = 0;
+    // SAFETY: out-pointer to a local.
+    status(unsafe { proxy_get_current_time_nanoseconds(&mut t) })?;
+    Ok(t)
 }
 
 pub fn increment(id: u32) -> Result<(), HostError> {

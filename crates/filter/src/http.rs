@@ -5,7 +5,7 @@ use super::abi::{self, CONTINUE, PAUSE};
 use super::host::{self, BufferType, MapType};
 use super::Shared;
 use incontext_core::flow::{
-    Action, Answer, BodyStep, Call, Exchange, HeadStep, Host, Metric, RequestHead, Step,
+    Action, Answer, BodyStep, Call, Exchange, HeadStep, Histogram, Host, Metric, RequestHead, Step,
     MAX_REPLY_BYTES,
 };
 use std::rc::Rc;
@@ -45,6 +45,14 @@ impl Host for HostView<'_> {
 
     fn increment(&mut self, metric: Metric) {
         self.shared.metrics.increment(metric);
+    }
+
+    fn now_ms(&mut self) -> Option<u64> {
+        host::now_ns().ok().map(|ns| ns / 1_000_000)
+    }
+
+    fn record(&mut self, histogram: Histogram, value: u64) {
+        self.shared.metrics.record(histogram, value);
     }
 }
 
@@ -250,9 +258,11 @@ impl Http {
     }
 
     pub fn on_response_headers(&mut self) -> u32 {
-        let Some(shared) = self.shared.as_ref() else {
+        let Some(shared) = self.shared.clone() else {
             return CONTINUE;
         };
+        self.exchange
+            .on_upstream_answer(&shared.plugin, &mut self.view(&shared));
         for (name, value) in self.exchange.response_headers(&shared.plugin) {
             let _ = host::add_header(MapType::ResponseHeaders, name, &value);
         }

@@ -1,0 +1,410 @@
+//! Counting only when the count can change the decision (docs/spec.md §15).
+//!
+//! A conversation's prefix is identified by a hash chain over its messages: link `i` hashes
+//! link `i − 1` and the raw bytes of message `i` exactly as they stand in the body, seeded by
+//! everything else that can change the prompt (every other top-level member except the caps
+//! and the stream switches, the tokenizer route and C). After an exact count the filter keeps
+//! `(link n, count)` in a direct-mapped table in shared data, like the count cache: the next
+//! turn, whose messages start with these n, finds it and bounds its own prompt by
+//!
+//! ```text
+//! P_hi = count(prefix) + TAIL + RESTYLE·k_r + Σ over the new messages of bound(message)
+//! bound(message) = bytes + 4·bytes(tool calls) + MESSAGE + BLOCK·(content blocks + tool calls)
+//! ```
+//!
+//! Why this is an upper bound (vLLM, byte-level BPE tokenizers such as Qwen3's):
+//! * every token of a byte-level BPE covers at least one byte of the rendered text, and the
+//!   template's special tokens (`<|im_start|>`, `<tool_call>`, …) cover several, so a text
+//!   renders to at most as many tokens as it has bytes;
+//! * a message's text renders from its JSON with escapes resolved (never longer than the raw
+//!   bytes), except tool-call arguments, which vLLM parses and re-serialises with `", "` and
+//!   `": "` separators and Python's float repr: at most 4.5 times their raw length (`1e15` →
+//!   `1000000000000000.0`), hence the 4 extra bytes per byte of `tool_calls` / `tool_use`;
+//! * the template's own text around a message (role header, `<tool_response>` wrappers,
+//!   `<tool_call>` JSON frame) is covered by MESSAGE per message and BLOCK per content block or
+//!   tool call;
+//! * the special tokens between messages cut the BPE, so the prompt's count is the sum of its
+//!   messages' counts and the prefix count carries over, except where the template renders an
+//!   earlier message differently once later messages exist: Qwen3 strips the reasoning of
+//!   assistant turns before the last user query, which only shortens them; RESTYLE per prefix
+//!   message that carries reasoning covers the tokens at the new seam;
+//! * the earlier count included its own generation prompt, and TAIL covers this one's.
+//!
+//! Content the bound cannot see through — images, audio, files, documents, roles other than
+//! system, user, assistant and tool, Anthropic blocks other than text, thinking, tool_use and
+//! tool_result with text — makes the request count as before. So does every backend other
+//! than vLLM. The bound is checked, not trusted: the flow counts every skipped request after it
+//! went upstream and turns skipping off for the route on any count above its bound.
+
+use crate::dialect::Form;
+use crate::json::find::contains;
+use crate::json::scan::array_items;
+use crate::request::Request;
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use std::borrow::Cow;
+use std::ops::Range;
+use xxhash_rust::xxh3::Xxh3;
+
+/// The generation prompt (`<|im_start|>assistant\n`, an empty think block).
+pub const TAIL: u64 = 16;
+/// The template's text around one message.
+pub const MESSAGE: u64 = 32;
+/// The template's text around one content block or tool call.
+pub const BLOCK: u64 = 48;
+/// Re-rendering seam of an earlier message whose reasoning the template may drop.
+pub const RESTYLE: u64 = 8;
+/// How many prefix lengths are probed, newest first.
+pub const MAX_PROBES: usize = 64;
+
+const PREFIX: &str = "incontext.v1.prefix.";
+const OFF: &str = "incontext.v1.skip_off.";
+
+/// The members that never change the prompt: the caps and the streaming switches.
+fn unrelated(key: &str) -> bool {
+    matches!(
+        key,
+        "max_tokens" | "max_completion_tokens" | "max_output_tokens" | "stream" | "stream_options"
+    )
+}
+
+/// The request's messages and the chain over them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Chain {
+    /// `links[i]` identifies messages `0..=i` in this context.
+    pub links: Vec<u128>,
+    /// Each message's raw range in the body.
+    pub items: Vec<Range<usize>>,
+}
+
+/// The seed: everything but the messages that determines the prompt, plus route and C.
+fn seed(req: &Request, body: &[u8], scope: &str, context_length: Option<u64>) -> u128 {
+    let mut h = Xxh3::new();
+    let mut field = |bytes: &[u8]| {
+        h.update(&(bytes.len() as u64).to_le_bytes());
+        h.update(bytes);
+    };
+    field(scope.as_bytes());
+    field(&context_length.unwrap_or(0).to_le_bytes());
+    field(&[req.form as u8]);
+    for (i, m) in req.members.iter().enumerate() {
+        if Some(i) == req.fields.messages || unrelated(&m.key) {
+            continue;
+        }
+        field(m.key.as_bytes());
+        field(body.get(m.value.clone()).unwrap_or_default());
+    }
+    h.digest128()
+}
+
+/// The chain of a chat or Anthropic request; `None` when its messages are not an array.
+pub fn chain(
+    req: &Request,
+    body: &[u8],
+    scope: &str,
+    context_length: Option<u64>,
+) -> Option<Chain> {
+    let range = req.members.get(req.fields.messages?)?.value.clone();
+    let text = body.get(range.clone())?;
+    let items: Vec<Range<usize>> = array_items(text)?
+        .into_iter()
+        .map(|r| range.start + r.start..range.start + r.end)
+        .collect();
+    let mut link = seed(req, body, scope, context_length);
+    let links = items
+        .iter()
+        .map(|r| {
+            let mut h = Xxh3::new();
+            h.update(&link.to_le_bytes());
+            h.update(body.get(r.clone()).unwrap_or_default());
+            link = h.digest128();
+            link
+        })
+        .collect();
+    Some(Chain { links, items })
+}
+
+/// What the table keeps for one prefix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Entry {
+    /// Prompt tokens of the request that ended with this prefix: exact, or an upper bound.
+    pub tokens: u64,
+    pub exact: bool,
+}
+
+/// The shared-data key of the slot for `link`.
+pub fn slot_key(link: u128, entries: u32) -> String {
+    format!("{PREFIX}{}", link % u128::from(entries.max(1)))
+}
+
+pub fn encode(link: u128, e: Entry) -> [u8; 25] {
+    let mut out = [0u8; 25];
+    out[..16].copy_from_slice(&link.to_le_bytes());
+    out[16..24].copy_from_slice(&e.tokens.to_le_bytes());
+    out[24] = u8::from(e.exact);
+    out
+}
+
+/// The stored entry, if the slot holds this very link.
+pub fn decode(link: u128, value: &[u8]) -> Option<Entry> {
+    let bytes: &[u8; 25] = value.try_into().ok()?;
+    if u128::from_le_bytes(bytes[..16].try_into().ok()?) != link {
+        return None;
+    }
+    Some(Entry {
+        tokens: u64::from_le_bytes(bytes[16..24].try_into().ok()?),
+        exact: bytes[24] == 1,
+    })
+}
+
+/// The shared-data key that turns skipping off for a route and model.
+pub fn off_key(scope: &str, model: &str) -> String {
+    let mut h = Xxh3::new();
+    h.update(&(scope.len() as u64).to_le_bytes());
+    h.update(scope.as_bytes());
+    h.update(model.as_bytes());
+    format!("{OFF}{:032x}", h.digest128())
+}
+
+#[derive(Deserialize)]
+struct Message<'a> {
+    #[serde(borrow)]
+    role: Cow<'a, str>,
+    #[serde(borrow, default)]
+    content: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    tool_calls: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct Block<'a> {
+    #[serde(borrow, rename = "type")]
+    kind: Cow<'a, str>,
+    #[serde(borrow, default)]
+    content: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    input: Option<&'a RawValue>,
+}
+
+/// Blocks of a content array, when it is one.
+fn blocks(content: Option<&RawValue>) -> Option<Vec<Block<'_>>> {
+    match content.map(|c| c.get()) {
+        Some(c) if c.starts_with('[') => serde_json::from_str(c).ok(),
+        _ => Some(Vec::new()),
+    }
+}
+
+/// Whether a tool result's content is text only.
+fn text_only(content: Option<&RawValue>) -> bool {
+    blocks(content).is_some_and(|b| b.iter().all(|b| b.kind == "text"))
+}
+
+/// The token bound of one new message, `None` where the bound's assumptions do not hold.
+pub fn message_bound(form: Form, raw: &[u8]) -> Option<u64> {
+    let text = std::str::from_utf8(raw).ok()?;
+    let m: Message = serde_json::from_str(text).ok()?;
+    let bytes = raw.len() as u64;
+    match form {
+        Form::Chat => {
+            if !matches!(m.role.as_ref(), "system" | "user" | "assistant" | "tool") {
+                return None;
+            }
+            let parts = blocks(m.content)?;
+            if !parts.iter().all(|p| p.kind == "text") {
+                return None;
+            }
+            let (calls, call_bytes) = match m.tool_calls.map(|t| t.get()) {
+                None | Some("null") => (0, 0),
+                Some(t) => (array_items(t.as_bytes())?.len() as u64, t.len() as u64),
+            };
+            Some(bytes + 4 * call_bytes + MESSAGE + BLOCK * (parts.len() as u64 + calls))
+        }
+        Form::Messages => {
+            if !matches!(m.role.as_ref(), "user" | "assistant") || m.tool_calls.is_some() {
+                return None;
+            }
+            let parts = blocks(m.content)?;
+            let mut input_bytes = 0;
+            for b in &parts {
+                match b.kind.as_ref() {
+                    "text" | "thinking" => {}
+                    "tool_use" => input_bytes += b.input.map_or(0, |i| i.get().len() as u64),
+                    // An assistant's tool result is rendered as Python's str() of it.
+                    "tool_result" if m.role == "user" && text_only(b.content) => {}
+                    _ => return None,
+                }
+            }
+            Some(bytes + 4 * input_bytes + MESSAGE + BLOCK * parts.len() as u64)
+        }
+        Form::Completion | Form::Responses => None,
+    }
+}
+
+/// Whether an earlier message may render differently once later messages exist (it carries
+/// reasoning the template drops before the last user query).
+fn restyles(raw: &[u8]) -> bool {
+    contains(raw, b"think") || contains(raw, b"reasoning")
+}
+
+/// P_hi for `chain` given the exact count (or bound) `prefix_tokens` of its first `k` messages.
+pub fn upper_bound(
+    form: Form,
+    body: &[u8],
+    chain: &Chain,
+    k: usize,
+    prefix_tokens: u64,
+) -> Option<u64> {
+    let mut total = prefix_tokens.checked_add(TAIL)?;
+    for r in chain.items.get(..k)? {
+        if restyles(body.get(r.clone())?) {
+            total = total.checked_add(RESTYLE)?;
+        }
+    }
+    for r in chain.items.get(k..)? {
+        total = total.checked_add(message_bound(form, body.get(r.clone())?)?)?;
+    }
+    Some(total)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+    use crate::dialect::Endpoint;
+    use crate::request::analyze_at;
+
+    fn config() -> Config {
+        Config::parse(br#"{"tokenizer":{"cluster":"v"},"context_length":40960}"#).unwrap()
+    }
+
+    fn chain_of(body: &str, endpoint: Endpoint, scope: &str) -> Chain {
+        let req = analyze_at(body.as_bytes(), &config(), endpoint).unwrap();
+        chain(&req, body.as_bytes(), scope, Some(40960)).unwrap()
+    }
+
+    const A: &str = r#"{"model":"m","messages":[{"role":"system","content":"s"},{"role":"user","content":"hi"}],"tools":[],"max_tokens":10}"#;
+    const B: &str = r#"{"model":"m","messages":[{"role":"system","content":"s"},{"role":"user","content":"hi"},{"role":"assistant","content":"yo"}],"tools":[],"max_tokens":99,"stream":true}"#;
+
+    #[test]
+    fn a_grown_conversation_shares_its_prefix_links() {
+        let a = chain_of(A, Endpoint::OpenAi, "r");
+        let b = chain_of(B, Endpoint::OpenAi, "r");
+        assert_eq!(a.links.len(), 2);
+        assert_eq!(b.links.len(), 3);
+        assert_eq!(
+            a.links[..],
+            b.links[..2],
+            "caps and stream are not in the seed"
+        );
+        // Another route, other tools, another model, an edited message: nothing shared.
+        assert_ne!(chain_of(A, Endpoint::OpenAi, "q").links[0], a.links[0]);
+        let tools = A.replace(r#""tools":[]"#, r#""tools":[{}]"#);
+        assert_ne!(chain_of(&tools, Endpoint::OpenAi, "r").links[1], a.links[1]);
+        let model = A.replace(r#""model":"m""#, r#""model":"n""#);
+        assert_ne!(chain_of(&model, Endpoint::OpenAi, "r").links[1], a.links[1]);
+        let edited = B.replace(r#""content":"s""#, r#""content":"t""#);
+        let e = chain_of(&edited, Endpoint::OpenAi, "r");
+        assert!(e.links.iter().all(|l| !a.links.contains(l)));
+        // The same messages in the Anthropic dialect are another conversation.
+        let m = chain_of(A, Endpoint::Messages, "r");
+        assert_ne!(m.links[1], a.links[1]);
+        // The links identify positions: a reordered history shares nothing past the change.
+        let swapped = r#"{"model":"m","messages":[{"role":"user","content":"hi"},{"role":"system","content":"s"}],"tools":[]}"#;
+        let s = chain_of(swapped, Endpoint::OpenAi, "r");
+        assert!(s.links.iter().all(|l| !a.links.contains(l)));
+    }
+
+    #[test]
+    fn entries_round_trip_and_slots_are_bounded() {
+        let e = Entry {
+            tokens: 1234,
+            exact: true,
+        };
+        assert_eq!(decode(7, &encode(7, e)), Some(e));
+        assert_eq!(
+            decode(8, &encode(7, e)),
+            None,
+            "a collision reads as a miss"
+        );
+        assert_eq!(decode(7, &encode(7, e)[..24]), None);
+        let mut keys: Vec<String> = (0u128..100_000)
+            .map(|h| slot_key(h.wrapping_mul(0x9E37_79B9_7F4A_7C15_F39D), 64))
+            .collect();
+        keys.sort();
+        keys.dedup();
+        assert_eq!(keys.len(), 64);
+        assert_ne!(off_key("r", "a"), off_key("r", "b"));
+        assert_ne!(off_key("ab", "c"), off_key("a", "bc"));
+    }
+
+    #[test]
+    fn message_bounds() {
+        let user = br#"{"role":"user","content":"hello"}"#;
+        assert_eq!(
+            message_bound(Form::Chat, user),
+            Some(user.len() as u64 + MESSAGE)
+        );
+        let call = br#"{"role":"assistant","content":null,"tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"{\"a\":1e15}"}}]}"#;
+        let tc =
+            br#"[{"id":"c","type":"function","function":{"name":"f","arguments":"{\"a\":1e15}"}}]"#;
+        assert_eq!(
+            message_bound(Form::Chat, call),
+            Some(call.len() as u64 + 4 * tc.len() as u64 + MESSAGE + BLOCK)
+        );
+        let parts =
+            br#"{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]}"#;
+        assert_eq!(
+            message_bound(Form::Chat, parts),
+            Some(parts.len() as u64 + MESSAGE + 2 * BLOCK)
+        );
+        // What the bound cannot see through.
+        for raw in [
+            &br#"{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}"#[..],
+            br#"{"role":"developer","content":"x"}"#,
+            br#"{"content":"x"}"#,
+            br#"{"role":"user","content":"x""#,
+        ] {
+            assert_eq!(message_bound(Form::Chat, raw), None);
+        }
+        let tool_use = br#"{"role":"assistant","content":[{"type":"tool_use","id":"t","name":"f","input":{"a":[1,2]}}]}"#;
+        assert_eq!(
+            message_bound(Form::Messages, tool_use),
+            Some(tool_use.len() as u64 + 4 * 11 + MESSAGE + BLOCK)
+        );
+        let result = br#"{"role":"user","content":[{"type":"tool_result","tool_use_id":"t","content":[{"type":"text","text":"ok"}]}]}"#;
+        assert!(message_bound(Form::Messages, result).is_some());
+        for raw in [
+            &br#"{"role":"user","content":[{"type":"tool_result","tool_use_id":"t","content":[{"type":"image","source":{}}]}]}"#[..],
+            br#"{"role":"assistant","content":[{"type":"tool_result","tool_use_id":"t","content":"x"}]}"#,
+            br#"{"role":"user","content":[{"type":"image","source":{}}]}"#,
+            br#"{"role":"user","content":[{"type":"redacted_thinking","data":"x"}]}"#,
+            br#"{"role":"system","content":"x"}"#,
+        ] {
+            assert_eq!(message_bound(Form::Messages, raw), None);
+        }
+    }
+
+    #[test]
+    fn the_bound_adds_tail_new_messages_and_restyled_prefix() {
+        let b = chain_of(B, Endpoint::OpenAi, "r");
+        let assistant = br#"{"role":"assistant","content":"yo"}"#.len() as u64;
+        assert_eq!(
+            upper_bound(Form::Chat, B.as_bytes(), &b, 2, 100),
+            Some(100 + TAIL + assistant + MESSAGE)
+        );
+        assert_eq!(
+            upper_bound(Form::Chat, B.as_bytes(), &b, 3, 100),
+            Some(100 + TAIL)
+        );
+        let thinking = B.replace(
+            r#"{"role":"user","content":"hi"}"#,
+            r#"{"role":"assistant","content":"x","reasoning_content":"r"}"#,
+        );
+        let t = chain_of(&thinking, Endpoint::OpenAi, "r");
+        assert_eq!(
+            upper_bound(Form::Chat, thinking.as_bytes(), &t, 3, 100),
+            Some(100 + TAIL + RESTYLE)
+        );
+        assert_eq!(upper_bound(Form::Chat, B.as_bytes(), &b, 4, 100), None);
+    }
+}

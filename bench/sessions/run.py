@@ -1,0 +1,324 @@
+#!/usr/bin/env python3
+"""Replays agent sessions against a real vLLM, straight and through Envoy + incontext.
+
+    run.py --vllm-port P --work DIR [--turns N] [--out bench/sessions/results.md]
+
+Three paths, each with its own conversation (its own prefix-cache entries on the server),
+interleaved turn by turn in a rotating order so drift hits all alike:
+  direct  straight to vLLM, with the cap the exact count leads to (what the filter would write)
+  count   Envoy + incontext as before: every turn counted on the request's path
+  skip    Envoy + incontext with `skip_count`: the count is skipped where a bound proves the
+          caller's cap fits, and made after the upstream answered instead
+Each request is streamed; TTFT is the time to the first event that carries generated text,
+after which the client closes the stream (the server aborts the rest). Before each turn the
+bench asks vLLM itself for the exact count (its /tokenize or /v1/messages/count_tokens) and
+checks that both filtered paths reach the outcome that count leads to.
+"""
+
+import argparse
+import http.client
+import json
+import os
+import statistics
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+
+import sessions  # noqa: E402
+
+MODEL = "qwen3-tiny"
+W = 40960
+B = 16000
+R = 4096
+CLK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_s(pid):
+    with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK
+
+
+def post_json(port, path, body):
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    data = json.dumps(body).encode()
+    conn.request("POST", path, data, {"content-type": "application/json"})
+    resp = conn.getresponse()
+    out = resp.read()
+    conn.close()
+    if resp.status != 200:
+        raise RuntimeError(f"{path}: HTTP {resp.status}: {out[:300]!r}")
+    return json.loads(out)
+
+
+def exact_count(port, dialect, body):
+    """vLLM's own count of this request, and how long the server took for it."""
+    t0 = time.perf_counter()
+    if dialect == "openai":
+        reply = post_json(port, "/tokenize", {"model": body["model"], "messages": body["messages"],
+                                              "tools": body["tools"]})
+        n = reply["count"]
+    else:
+        req = {k: body[k] for k in ("model", "system", "messages", "tools")}
+        n = post_json(port, "/v1/messages/count_tokens", req)["input_tokens"]
+    return n, (time.perf_counter() - t0) * 1000
+
+
+def expected_cap(p, cap):
+    """The cap the exact count leads to (docs/spec.md §2), or None: passes unchanged."""
+    value = min(W - p, cap)
+    return value if value >= min(R, cap) else None
+
+
+def first_token(port, path, body):
+    """(TTFT ms, response headers) of a streamed request; the stream is closed after it."""
+    data = json.dumps(body).encode()
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+    conn.connect()
+    t0 = time.perf_counter()
+    conn.request("POST", path, data, {"content-type": "application/json"})
+    resp = conn.getresponse()
+    headers = {k.lower(): v for k, v in resp.getheaders()}
+    if resp.status != 200:
+        text = resp.read()
+        conn.close()
+        raise RuntimeError(f"{path} on {port}: HTTP {resp.status}: {text[:300]!r}")
+    buf = b""
+    ttft = None
+    while ttft is None:
+        chunk = resp.read1(65536)
+        if not chunk:
+            break
+        buf += chunk
+        while b"\n" in buf and ttft is None:
+            line, buf = buf.split(b"\n", 1)
+            if not line.startswith(b"data:"):
+                continue
+            payload = line[5:].strip()
+            if payload == b"[DONE]":
+                break
+            event = json.loads(payload)
+            if event.get("type") == "content_block_delta":
+                ttft = time.perf_counter() - t0
+            for choice in event.get("choices") or []:
+                delta = choice.get("delta") or {}
+                if any(delta.get(k) for k in ("content", "reasoning_content", "reasoning",
+                                              "tool_calls")):
+                    ttft = time.perf_counter() - t0
+    conn.close()
+    if ttft is None:
+        raise RuntimeError(f"{path} on {port}: the stream ended without a token")
+    return ttft * 1000, headers
+
+
+def filter_cap(headers, cap):
+    """The cap the filter sent upstream (None: unchanged for lack of room), from its headers."""
+    action = headers.get("x-incontext-action", "")
+    if action == "rewritten":
+        return int(headers["x-incontext-max-tokens"])
+    if action == "unchanged:fits":
+        return cap
+    if action == "unchanged:insufficient":
+        return None
+    raise RuntimeError(f"unexpected x-incontext-action {action!r}")
+
+
+def stats(admin):
+    conn = http.client.HTTPConnection("127.0.0.1", admin, timeout=10)
+    conn.request("GET", "/stats?filter=incontext")
+    text = conn.getresponse().read().decode()
+    conn.close()
+    out = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(": ")
+        name = name.rsplit(".", 1)[-1]
+        if value.strip().isdigit():
+            out[name] = int(value)
+    return out
+
+
+def prometheus_histogram(admin):
+    conn = http.client.HTTPConnection("127.0.0.1", admin, timeout=10)
+    conn.request("GET", "/stats/prometheus")
+    text = conn.getresponse().read().decode()
+    conn.close()
+    return [line for line in text.splitlines() if "incontext_count_ms" in line
+            and not line.startswith("#")]
+
+
+def replay(args, dialect, pid):
+    path = "/v1/chat/completions" if dialect == "openai" else "/v1/messages"
+    make = sessions.openai_session if dialect == "openai" else sessions.anthropic_session
+    convs = {name: make(MODEL, f"{name}-{dialect}-{args.run_id}", args.turns, args.seed, B)
+             for name in ("direct", "count", "skip")}
+    ports = {"direct": args.vllm_port, "count": args.count_port, "skip": args.skip_port}
+    order = ["direct", "count", "skip"]
+    rows = []
+    for t in range(args.turns):
+        row = {"dialect": dialect, "turn": t + 1}
+        for name in order[t % 3:] + order[:t % 3]:
+            body = convs[name][t]
+            p, count_ms = exact_count(args.vllm_port, dialect, body)
+            want = expected_cap(p, B)
+            if want is None:
+                raise RuntimeError(f"turn {t + 1}: no room for R ({p} tokens); shorten the session")
+            sent = dict(body)
+            if name == "direct":
+                sent["max_tokens"] = want
+            time.sleep(args.settle)
+            cpu0 = cpu_s(pid)
+            ttft, headers = first_token(ports[name], path, sent)
+            time.sleep(args.settle)  # the server aborts the stream; an off-path count ends
+            row[f"cpu_{name}_ms"] = (cpu_s(pid) - cpu0) * 1000
+            row[f"ttft_{name}"] = ttft
+            row[f"p_{name}"] = p
+            if name == "direct":
+                row["P"] = p
+                row["count_ms"] = count_ms
+                continue
+            got = filter_cap(headers, B)
+            row[f"ok_{name}"] = got == want
+            row[f"source_{name}"] = headers.get("x-incontext-source")
+            row[f"action_{name}"] = headers.get("x-incontext-action")
+            row[f"phi_{name}"] = int(headers.get("x-incontext-prompt-tokens", "0"))
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    return rows
+
+
+def median(xs):
+    return statistics.median(xs) if xs else float("nan")
+
+
+def summary(rows):
+    fits = [r for r in rows if W - r["P"] >= B]
+    long = [r for r in rows if r["P"] >= 8000]
+    long_fits = [r for r in fits if r["P"] >= 8000]
+
+    def ratio(rs, name):
+        return median([r[f"ttft_{name}"] / r["ttft_direct"] for r in rs])
+
+    def added(rs, name):
+        return median([r[f"ttft_{name}"] - r["ttft_direct"] for r in rs])
+
+    def calls(rs, name):
+        return sum(1 for r in rs if r[f"source_{name}"] == "exact")
+
+    return {
+        "turns": len(rows),
+        "P": (min(r["P"] for r in rows), max(r["P"] for r in rows)),
+        "fits": len(fits),
+        "skipped_fits": sum(1 for r in fits if r["source_skip"] == "bound"),
+        "calls_count": calls(rows, "count"),
+        "calls_skip": calls(rows, "skip"),
+        "ok": all(r["ok_count"] and r["ok_skip"] for r in rows),
+        "ratio_count_long_fits": ratio(long_fits, "count"),
+        "ratio_skip_long_fits": ratio(long_fits, "skip"),
+        "ratio_count_long": ratio(long, "count"),
+        "ratio_skip_long": ratio(long, "skip"),
+        "added_count_long": added(long, "count"),
+        "added_skip_long": added(long, "skip"),
+        "n_long_fits": len(long_fits),
+        "n_long": len(long),
+        "count_ms_median": median([r["count_ms"] for r in rows]),
+        "count_ms_max": max(r["count_ms"] for r in rows),
+        "cpu_direct": sum(r["cpu_direct_ms"] for r in rows) / 1000,
+        "cpu_count": sum(r["cpu_count_ms"] for r in rows) / 1000,
+        "cpu_skip": sum(r["cpu_skip_ms"] for r in rows) / 1000,
+        "count_s": sum(r["count_ms"] for r in rows) / 1000,
+    }
+
+
+def markdown(all_rows, sums, env, hist):
+    out = ["# Agent sessions: TTFT straight to vLLM and through Envoy + incontext", "",
+           f"Generated by `bench/sessions/run.sh` ({env}). W = {W} (vLLM `--max-model-len`, "
+           f"prefix caching on), B = {B} (`max_tokens` of every turn), R = {R}; streamed; "
+           "each path its own conversation and prefix cache; `count`: incontext counting every "
+           "turn on the request's path; `skip`: with `skip_count: true`.", "",
+           "| session | turns | P | turns with W − P ≥ B | of those, no count call (skip) "
+           "| count calls on the path: count / skip | median TTFT ratio, P ≥ 8000 and W − P ≥ B: "
+           "count / skip | median TTFT ratio, P ≥ 8000: count / skip | median added ms, "
+           "P ≥ 8000: count / skip | outcome = exact-count outcome |",
+           "|---|--:|--:|--:|--:|--:|--:|--:|--:|---|"]
+    for dialect, s in sums.items():
+        name = {"openai": "OpenAI chat with tools",
+                "anthropic": "Anthropic Messages, tool_use / tool_result"}[dialect]
+        out.append(
+            f"| {name} | {s['turns']} | {s['P'][0]}–{s['P'][1]} | {s['fits']} | "
+            f"{s['skipped_fits']} ({100 * s['skipped_fits'] / max(1, s['fits']):.0f} %) | "
+            f"{s['calls_count']} / {s['calls_skip']} | "
+            f"{s['ratio_count_long_fits']:.3f} / {s['ratio_skip_long_fits']:.3f} "
+            f"({s['n_long_fits']} turns) | "
+            f"{s['ratio_count_long']:.3f} / {s['ratio_skip_long']:.3f} ({s['n_long']} turns) | "
+            f"{s['added_count_long']:+.1f} / {s['added_skip_long']:+.1f} | "
+            f"{'every turn' if s['ok'] else 'NO'} |")
+    out += ["", "vLLM's own count of these conversations (the bench's exact count, straight to "
+            "the server): " + "; ".join(
+                f"{d}: median {s['count_ms_median']:.0f} ms, up to {s['count_ms_max']:.0f} ms"
+                for d, s in sums.items()) + ".",
+            "vLLM API-server CPU over the whole session (seconds, each request plus the counts "
+            "the filter made for it, on or off its path; 10 ms clock ticks): " + "; ".join(
+                f"{d}: direct {s['cpu_direct']:.2f}, count {s['cpu_count']:.2f}, "
+                f"skip {s['cpu_skip']:.2f} (the bench's own counts of the session took "
+                f"{s['count_s']:.2f} s of server time)" for d, s in sums.items()) + ".", ""]
+    if hist:
+        out += ["The count call's duration as Envoy reports it (`skip` proxy, "
+                "`/stats/prometheus`):", "", "```"] + hist + ["```", ""]
+    out += ["## Every turn", "",
+            "| session | turn | P | TTFT direct ms | count ms | skip ms | skip: source, "
+            "P reported | server count ms |", "|---|--:|--:|--:|--:|--:|---|--:|"]
+    for r in all_rows:
+        out.append(f"| {r['dialect']} | {r['turn']} | {r['P']} | {r['ttft_direct']:.0f} | "
+                   f"{r['ttft_count']:.0f} | {r['ttft_skip']:.0f} | {r['source_skip']} "
+                   f"{r['phi_skip']} | {r['count_ms']:.0f} |")
+    return "\n".join(out) + "\n"
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--vllm-port", type=int, required=True)
+    ap.add_argument("--count-port", type=int, required=True)
+    ap.add_argument("--skip-port", type=int, required=True)
+    ap.add_argument("--skip-admin", type=int, required=True)
+    ap.add_argument("--count-admin", type=int, required=True)
+    ap.add_argument("--vllm-pid", type=int, required=True)
+    ap.add_argument("--turns", type=int, default=30)
+    ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--settle", type=float, default=0.5)
+    ap.add_argument("--dialects", default="openai,anthropic")
+    ap.add_argument("--run-id", default=str(int(time.time())))
+    ap.add_argument("--env", default="")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--jsonl", required=True)
+    args = ap.parse_args()
+    all_rows, sums = [], {}
+    for dialect in args.dialects.split(","):
+        rows = replay(args, dialect, args.vllm_pid)
+        all_rows += rows
+        sums[dialect] = summary(rows)
+        print(json.dumps({dialect: sums[dialect]}), flush=True)
+    with open(args.jsonl, "w", encoding="utf-8") as f:
+        for r in all_rows:
+            f.write(json.dumps(r) + "\n")
+    counters = {"count": stats(args.count_admin), "skip": stats(args.skip_admin)}
+    print(json.dumps(counters), flush=True)
+    hist = prometheus_histogram(args.skip_admin)
+    with open(args.out, "w", encoding="utf-8") as f:
+        f.write(markdown(all_rows, sums, args.env, hist))
+        f.write("\nThe filters' counters at the end of the run: `count` "
+                + json.dumps(counters["count"], sort_keys=True) + "; `skip` "
+                + json.dumps(counters["skip"], sort_keys=True) + ".\n")
+    bad = [d for d, s in sums.items() if not s["ok"]]
+    if bad or counters["skip"].get("incontext_bound_violations", 0):
+        print(f"FAIL: outcomes differ from the exact count's in {bad} or bound violations",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

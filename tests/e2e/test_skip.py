@@ -1,0 +1,107 @@
+"""docs/spec.md §15: a grown conversation whose cap a bound proves to fit goes upstream without
+a count call on its path; it is counted once the upstream answered, and a count above its
+bound turns skipping off for the route."""
+
+import time
+
+from tests.e2e.common import C, assert_rewritten, assert_unchanged, cfg, chat, nonce
+
+SKIP = cfg(skip_count=True)
+
+
+def turns(n, cap):
+    """The bodies of a conversation's first n turns (each adds a tool round)."""
+    body = chat(f"fix the bug {nonce()}", max_tokens=cap)
+    tools = [{"type": "function", "function": {"name": "read", "parameters": {}}}]
+    body["tools"] = tools
+    out = []
+    for i in range(n):
+        out.append({**body, "messages": list(body["messages"])})
+        body["messages"] += [
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": f"c{i}", "type": "function",
+                 "function": {"name": "read", "arguments": f'{{"path":"f{i}"}}'}}]},
+            {"role": "tool", "tool_call_id": f"c{i}", "content": "x" * 200}]
+    return out
+
+
+def assert_skipped(res):
+    """Unchanged with the bound as its count, and no count call before it went upstream (the
+    check after the upstream answered may already be in)."""
+    assert_unchanged(res, "fits")
+    assert res.source == "bound", res.describe()
+    assert all(t.at > res.one.at for t in res.tokenize), res.describe()
+    assert len(res.tokenize) <= 1, res.describe()
+
+
+def wait_for_calls(upstream, n, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if len(upstream.tokenizer.snapshot()) >= n:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"expected {n} tokenizer calls, saw {len(upstream.tokenizer.snapshot())}")
+
+
+def test_a_grown_turn_skips_the_count_and_is_checked_after(proxy_for, upstream):
+    proxy = proxy_for(SKIP, fresh=True)
+    t1, t2, _ = turns(3, 16000)
+    upstream.tokenizer.count(1000)
+    assert_rewritten(proxy.post(t1), 1000)
+    second = proxy.post(t2)
+    assert_skipped(second)
+    p_hi = int(second.h("x-incontext-prompt-tokens"))
+    assert 1000 < p_hi <= C - 16000, second.describe()
+    # Counted after the upstream answered (the request's own result had no call).
+    wait_for_calls(upstream, 2)
+    counters = proxy.envoy.counters()
+    assert counters.get("incontext_count_skipped") == 1, counters
+    assert counters.get("incontext_bound_checks") == 1, counters
+    assert counters.get("incontext_unchanged_fits") == 1, counters
+    assert counters.get("incontext_count_calls") == 1, counters
+    assert counters.get("incontext_bound_violations", 0) == 0, counters
+    # The count call's duration is an Envoy histogram.
+    prom = proxy.envoy.prometheus()
+    assert "incontext_count_ms_bucket" in prom and "incontext_count_ms_count" in prom, prom[-2000:]
+
+
+def test_a_count_above_its_bound_turns_skipping_off(proxy_for, upstream):
+    """A tokenizer whose counts break the byte bound (far more tokens than bytes)."""
+    proxy = proxy_for(SKIP, fresh=True)
+    t1, t2, t3 = turns(3, 100)
+    upstream.tokenizer.count(1000)
+    assert_rewritten(proxy.post(t1), 1000)
+    upstream.tokenizer.count(30000)  # the next call is the check of the skipped second turn
+    second = proxy.post(t2)
+    assert_skipped(second)
+    wait_for_calls(upstream, 2)
+    deadline = time.monotonic() + 10
+    while proxy.envoy.counters().get("incontext_bound_violations", 0) == 0:
+        assert time.monotonic() < deadline, proxy.envoy.counters()
+        time.sleep(0.05)
+    # 30000 + the bound of one more round + 100 still fits C: only the off switch counts it.
+    third = proxy.post(t3)
+    assert len(third.tokenize) == 1, third.describe()
+    assert_rewritten(third, 30000)
+    deadline = time.monotonic() + 20  # Envoy flushes its log file every few seconds
+    while "a count exceeded its bound" not in proxy.envoy.log_text():
+        assert time.monotonic() < deadline, proxy.envoy.log_tail()
+        time.sleep(0.2)
+    log = proxy.envoy.log_text()
+    assert log.count("a count exceeded its bound") == 1, log[-3000:]
+    assert '"content"' not in log and "fix the bug" not in log
+
+
+def test_off_by_default_and_edited_history_counts(proxy_for, upstream):
+    upstream.tokenizer.count(1000)
+    plain = proxy_for(cfg())
+    t1, t2 = turns(2, 16000)
+    plain.post(t1)
+    assert_rewritten(plain.post(t2), 1000)
+    skip = proxy_for(SKIP, fresh=True)
+    t1, t2 = turns(2, 16000)
+    skip.post(t1)
+    t2["messages"][1] = {"role": "user", "content": "an edited question"}
+    res = skip.post(t2)
+    assert len(res.tokenize) == 1, res.describe()
+    assert_rewritten(res, 1000)

@@ -9,7 +9,8 @@
 //!
 //! ```text
 //! P_hi = count(prefix) + TAIL + RESTYLE·k_r + Σ over the new messages of bound(message)
-//! bound(message) = bytes + 4·bytes(tool calls) + MESSAGE + BLOCK·(content blocks + tool calls)
+//! bound(message) = bytes + Σ over its tool-call arguments of (separators + FLOAT·floats)
+//!                  + MESSAGE + BLOCK·(content blocks + tool calls)
 //! ```
 //!
 //! Why this is an upper bound (vLLM, byte-level BPE tokenizers such as Qwen3's):
@@ -17,9 +18,11 @@
 //!   template's special tokens (`<|im_start|>`, `<tool_call>`, …) cover several, so a text
 //!   renders to at most as many tokens as it has bytes;
 //! * a message's text renders from its JSON with escapes resolved (never longer than the raw
-//!   bytes), except tool-call arguments, which vLLM parses and re-serialises with `", "` and
-//!   `": "` separators and Python's float repr: at most 4.5 times their raw length (`1e15` →
-//!   `1000000000000000.0`), hence the 4 extra bytes per byte of `tool_calls` / `tool_use`;
+//!   bytes), except tool-call arguments (OpenAI `arguments`, Anthropic `input`), which vLLM
+//!   parses and writes again with Python's `json.dumps`: strings come out no longer than they
+//!   came in, but every `,` and `:` gains a space and a float is printed by its repr (at most
+//!   FLOAT bytes: `1e15` → `1000000000000000.0`), hence one byte per separator and FLOAT per
+//!   float on top of the raw bytes;
 //! * the template's own text around a message (role header, `<tool_response>` wrappers,
 //!   `<tool_call>` JSON frame) is covered by MESSAGE per message and BLOCK per content block or
 //!   tool call;
@@ -52,6 +55,8 @@ pub const TAIL: u64 = 16;
 pub const MESSAGE: u64 = 32;
 /// The template's text around one content block or tool call.
 pub const BLOCK: u64 = 48;
+/// Python's repr of a float is at most this long (`-1.2345678901234567e-308`).
+pub const FLOAT: u64 = 24;
 /// Re-rendering seam of an earlier message whose reasoning the template may drop.
 pub const RESTYLE: u64 = 8;
 /// How many prefix lengths are probed, newest first.
@@ -177,6 +182,70 @@ struct Message<'a> {
 }
 
 #[derive(Deserialize)]
+struct ToolCall<'a> {
+    #[serde(borrow, default)]
+    function: Option<Function<'a>>,
+}
+
+#[derive(Deserialize)]
+struct Function<'a> {
+    #[serde(borrow, default)]
+    arguments: Option<&'a RawValue>,
+}
+
+/// What re-serialising the JSON text `json` with Python's `json.dumps` may add to its length:
+/// a space after each `,` and `:` outside strings, and up to FLOAT bytes for each float (a
+/// number with a fraction or an exponent; integers print as they came). Strings never grow:
+/// escapes are resolved and written again no longer. Text that is not JSON is replaced by
+/// `{}` in vLLM, which the message overhead covers.
+pub fn reserialized_growth(json: &[u8]) -> u64 {
+    let mut growth = 0;
+    let mut i = 0;
+    while i < json.len() {
+        match json[i] {
+            b'"' => {
+                i += 1;
+                while i < json.len() && json[i] != b'"' {
+                    i += if json[i] == b'\\' { 2 } else { 1 };
+                }
+            }
+            b',' | b':' => growth += 1,
+            b'-' | b'0'..=b'9' => {
+                let start = i;
+                while json
+                    .get(i + 1)
+                    .is_some_and(|b| matches!(b, b'0'..=b'9' | b'.' | b'e' | b'E' | b'+' | b'-'))
+                {
+                    i += 1;
+                }
+                if json[start..=i]
+                    .iter()
+                    .any(|b| matches!(b, b'.' | b'e' | b'E'))
+                {
+                    growth += FLOAT;
+                }
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    growth
+}
+
+/// The growth of a tool call's arguments: a JSON string holding JSON text (OpenAI), or the
+/// JSON value itself (Anthropic's `input`).
+fn arguments_growth(arguments: Option<&RawValue>) -> u64 {
+    let Some(raw) = arguments.map(|a| a.get()) else {
+        return 0;
+    };
+    if raw.starts_with('"') {
+        serde_json::from_str::<Cow<str>>(raw).map_or(0, |text| reserialized_growth(text.as_bytes()))
+    } else {
+        reserialized_growth(raw.as_bytes())
+    }
+}
+
+#[derive(Deserialize)]
 struct Block<'a> {
     #[serde(borrow, rename = "type")]
     kind: Cow<'a, str>,
@@ -213,28 +282,33 @@ pub fn message_bound(form: Form, raw: &[u8]) -> Option<u64> {
             if !parts.iter().all(|p| p.kind == "text") {
                 return None;
             }
-            let (calls, call_bytes) = match m.tool_calls.map(|t| t.get()) {
-                None | Some("null") => (0, 0),
-                Some(t) => (array_items(t.as_bytes())?.len() as u64, t.len() as u64),
+            let calls: Vec<ToolCall> = match m.tool_calls.map(|t| t.get()) {
+                None | Some("null") => Vec::new(),
+                Some(t) => serde_json::from_str(t).ok()?,
             };
-            Some(bytes + 4 * call_bytes + MESSAGE + BLOCK * (parts.len() as u64 + calls))
+            let growth: u64 = calls
+                .iter()
+                .map(|c| arguments_growth(c.function.as_ref().and_then(|f| f.arguments)))
+                .sum();
+            let blocks = parts.len() as u64 + calls.len() as u64;
+            Some(bytes + growth + MESSAGE + BLOCK * blocks)
         }
         Form::Messages => {
             if !matches!(m.role.as_ref(), "user" | "assistant") || m.tool_calls.is_some() {
                 return None;
             }
             let parts = blocks(m.content)?;
-            let mut input_bytes = 0;
+            let mut growth = 0;
             for b in &parts {
                 match b.kind.as_ref() {
                     "text" | "thinking" => {}
-                    "tool_use" => input_bytes += b.input.map_or(0, |i| i.get().len() as u64),
+                    "tool_use" => growth += arguments_growth(b.input),
                     // An assistant's tool result is rendered as Python's str() of it.
                     "tool_result" if m.role == "user" && text_only(b.content) => {}
                     _ => return None,
                 }
             }
-            Some(bytes + 4 * input_bytes + MESSAGE + BLOCK * parts.len() as u64)
+            Some(bytes + growth + MESSAGE + BLOCK * parts.len() as u64)
         }
         Form::Completion | Form::Responses => None,
     }
@@ -344,12 +418,11 @@ mod tests {
             message_bound(Form::Chat, user),
             Some(user.len() as u64 + MESSAGE)
         );
-        let call = br#"{"role":"assistant","content":null,"tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"{\"a\":1e15}"}}]}"#;
-        let tc =
-            br#"[{"id":"c","type":"function","function":{"name":"f","arguments":"{\"a\":1e15}"}}]"#;
+        let call = br#"{"role":"assistant","content":null,"tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"{\"a\":1e15,\"b\":[1,2]}"}}]}"#;
         assert_eq!(
             message_bound(Form::Chat, call),
-            Some(call.len() as u64 + 4 * tc.len() as u64 + MESSAGE + BLOCK)
+            Some(call.len() as u64 + 4 + FLOAT + MESSAGE + BLOCK),
+            "four separators and one float"
         );
         let parts =
             br#"{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]}"#;
@@ -369,7 +442,7 @@ mod tests {
         let tool_use = br#"{"role":"assistant","content":[{"type":"tool_use","id":"t","name":"f","input":{"a":[1,2]}}]}"#;
         assert_eq!(
             message_bound(Form::Messages, tool_use),
-            Some(tool_use.len() as u64 + 4 * 11 + MESSAGE + BLOCK)
+            Some(tool_use.len() as u64 + 2 + MESSAGE + BLOCK)
         );
         let result = br#"{"role":"user","content":[{"type":"tool_result","tool_use_id":"t","content":[{"type":"text","text":"ok"}]}]}"#;
         assert!(message_bound(Form::Messages, result).is_some());
@@ -382,6 +455,34 @@ mod tests {
         ] {
             assert_eq!(message_bound(Form::Messages, raw), None);
         }
+    }
+
+    /// Python's json.dumps of these texts (default separators, ensure_ascii off), checked by
+    /// hand: growth must cover each.
+    #[test]
+    fn reserialized_growth_covers_python() {
+        let cases: [(&str, &str); 7] = [
+            (r#"{"a":1,"b":[1,2,3]}"#, r#"{"a": 1, "b": [1, 2, 3]}"#),
+            (r#"[1e15]"#, r#"[1000000000000000.0]"#),
+            (r#"{"x":-1.5e-300}"#, r#"{"x": -1.5e-300}"#),
+            (r#"{"s":"a,b:c\"d"}"#, r#"{"s": "a,b:c\"d"}"#),
+            (r#"{"u":"\u00e9"}"#, r#"{"u": "é"}"#),
+            (r#"  { "a" : 1 }  "#, r#"{"a": 1}"#),
+            (r#"[0.1,2E3,-0]"#, r#"[0.1, 2000.0, 0]"#),
+        ];
+        for (raw, python) in cases {
+            let bound = raw.len() as u64 + reserialized_growth(raw.as_bytes());
+            assert!(
+                bound >= python.len() as u64,
+                "{raw}: {bound} < {}",
+                python.len()
+            );
+        }
+        assert_eq!(
+            reserialized_growth(br#"{"s":"a,b:c"}"#),
+            1,
+            "inside strings nothing"
+        );
     }
 
     #[test]

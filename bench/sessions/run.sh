@@ -5,9 +5,9 @@
 # 40960, prefix caching on), each turn straight to vLLM and through two Envoy + incontext
 # proxies (counting every turn / `skip_count: true`), interleaved. See bench/sessions/run.py.
 #
-#   bench/sessions/run.sh           -> bench/sessions/results.md (about 10 minutes)
+#   bench/sessions/run.sh           -> bench/sessions/results.md (about 25 minutes)
 #
-# Environment: SESSIONS_TURNS [30]  SESSIONS_PORT_BASE [18380]  SESSIONS_VLLM_PORT [8731]
+# Environment: SESSIONS_TURNS [30]  SESSIONS_PER_DIALECT [2]  SESSIONS_PORT_BASE [18380]  SESSIONS_VLLM_PORT [8731]
 #   SESSIONS_DIALECTS ["openai,anthropic"]  SESSIONS_OUT [bench/sessions/results.md]
 # vLLM is started with scripts/vllm.sh (INCONTEXT_VLLM_MAX_MODEL_LEN=40960) unless one already
 # answers on SESSIONS_VLLM_PORT with that window; a vLLM this script started is stopped at the end.
@@ -68,7 +68,7 @@ ENV_LINE="vLLM $("$INCONTEXT_VLLM_VENV/bin/python" -c 'import importlib.metadata
 say "replaying (${SESSIONS_TURNS:-30} turns per session, 3 paths)"
 "$PY" "$HERE/run.py" --vllm-port "$VPORT" --count-port "$BASE" --skip-port $((BASE + 1)) \
   --count-admin $((BASE + 10)) --skip-admin $((BASE + 11)) --vllm-pid "$VPID" \
-  --turns "${SESSIONS_TURNS:-30}" --dialects "${SESSIONS_DIALECTS:-openai,anthropic}" \
+  --turns "${SESSIONS_TURNS:-30}" --sessions "${SESSIONS_PER_DIALECT:-2}" --dialects "${SESSIONS_DIALECTS:-openai,anthropic}" \
   --env "$ENV_LINE" --out "$OUT" --jsonl "${OUT%.md}.jsonl"
 grep -c 'incontext: a count exceeded its bound' "$WORK/skip.log" >/dev/null 2>&1 && die "bound violations logged"
 say "wrote $OUT"

@@ -579,37 +579,6 @@ impl Exchange {
         }
     }
 
-    /// The count of a skipped request: stored, and held against its bound.
-    fn checked(
-        &self,
-        plugin: &Plugin,
-        host: &mut dyn Host,
-        pending: &Pending,
-        bound: u64,
-        counted: Result<Counted, Failure>,
-    ) {
-        let counted = match counted {
-            Ok(c) => c,
-            Err(failure) => {
-                host.increment(Metric::Failure(failure));
-                return;
-            }
-        };
-        self.store(plugin, host, pending, counted);
-        if counted.count <= bound {
-            return;
-        }
-        host.increment(Metric::BoundViolations);
-        let off = bound::off_key(&plugin.scope, &pending.model);
-        if host.get_shared(&off).is_none() {
-            host.set_shared(&off, &[1]);
-            log::warn!(
-                "incontext: a count exceeded its bound ({} > {bound}); counting every request of this route from now on",
-                counted.count
-            );
-        }
-    }
-
     fn dispatch_count(
         &mut self,
         plugin: &Plugin,
@@ -646,18 +615,7 @@ impl Exchange {
         let state = std::mem::replace(&mut self.state, State::Passing);
         match state {
             State::Window { token, pending } if token == answer.token => {
-                let kind = backend::window_call(&plugin.config).kind;
-                let model = Some(pending.model.as_str());
-                match answer.read(|b| backend::parse_window(kind, model, answer.status, b)) {
-                    Ok(c) => plugin.learn(host, &pending.model, c),
-                    Err(failure) => {
-                        host.increment(Metric::Failure(failure));
-                        log::warn!(
-                            "incontext: window call failed ({}); counting without it",
-                            failure.as_str()
-                        );
-                    }
-                }
+                learn_window(plugin, host, &pending.model, answer);
                 Some(Answered::Window(pending))
             }
             State::Counting {
@@ -699,7 +657,15 @@ impl Exchange {
         Some(match self.take_answer(plugin, host, answer)? {
             Answered::Check(pending, bound, counted) => {
                 // The request went on already: nothing to apply.
-                self.checked(plugin, host, &pending, bound, counted);
+                checked(
+                    plugin,
+                    host,
+                    pending.key,
+                    &pending.model,
+                    pending.link,
+                    bound,
+                    counted,
+                );
                 return None;
             }
             Answered::Window(pending) => self.dispatch_count(plugin, host, pending),
@@ -708,26 +674,34 @@ impl Exchange {
         })
     }
 
-    /// The answer to a call whose request is gone (the client left, the stream was reset):
-    /// what it tells is still stored (the count, a learned window), so the next identical
-    /// request need not ask again. Nothing is decided. `false`: not this exchange's call.
-    pub fn on_late_reply(&mut self, plugin: &Plugin, host: &mut dyn Host, answer: &Answer) -> bool {
-        match self.take_answer(plugin, host, answer) {
-            None => false,
-            Some(Answered::Window(_)) => true,
-            Some(Answered::Count(pending, Ok(counted))) => {
-                self.store(plugin, host, &pending, counted);
-                true
-            }
-            Some(Answered::Count(_, Err(failure))) => {
-                host.increment(Metric::Failure(failure));
-                true
-            }
-            Some(Answered::Check(pending, bound, counted)) => {
-                self.checked(plugin, host, &pending, bound, counted);
-                true
-            }
-        }
+    /// The stream ended: what its call still needs when one is out (the request itself is
+    /// let go). The exchange then passes everything.
+    pub fn abandon(&mut self) -> Option<Orphan> {
+        let (token, call, pending) = match std::mem::replace(&mut self.state, State::Passing) {
+            State::Window { token, pending } => (token, OrphanCall::Window, pending),
+            State::Counting {
+                token,
+                kind,
+                pending,
+            } => (token, OrphanCall::Count(kind), pending),
+            State::Checking {
+                token,
+                kind,
+                pending,
+                bound,
+            } => (token, OrphanCall::Check(kind, bound), pending),
+            State::Passing | State::Buffering | State::Skipped { .. } => return None,
+        };
+        let Pending {
+            key, model, link, ..
+        } = *pending;
+        Some(Orphan {
+            token,
+            call,
+            key,
+            model,
+            link,
+        })
     }
 
     /// The token of the call that is out, if any.
@@ -740,34 +714,6 @@ impl Exchange {
         }
     }
 
-    /// Stores an exact count and the window it reported.
-    fn store(&self, plugin: &Plugin, host: &mut dyn Host, pending: &Pending, counted: Counted) {
-        let config = &plugin.config;
-        if let Some(c) = counted.window {
-            if config.context_length.is_none() {
-                plugin.learn(host, &pending.model, c);
-            }
-        }
-        let reply = Reply {
-            count: counted.count,
-            max_model_len: counted.window.unwrap_or(0),
-        };
-        host.set_shared(
-            &cache::slot_key(pending.key, config.cache_entries),
-            &cache::encode(pending.key, reply),
-        );
-        if let Some(link) = pending.link {
-            let entry = bound::Entry {
-                tokens: counted.count,
-                exact: true,
-            };
-            host.set_shared(
-                &bound::slot_key(link, config.cache_entries),
-                &bound::encode(link, entry),
-            );
-        }
-    }
-
     fn counted(
         &mut self,
         plugin: &Plugin,
@@ -775,7 +721,14 @@ impl Exchange {
         pending: Box<Pending>,
         counted: Counted,
     ) -> Step {
-        self.store(plugin, host, &pending, counted);
+        store(
+            plugin,
+            host,
+            pending.key,
+            &pending.model,
+            pending.link,
+            counted,
+        );
         let Pending { req, body, .. } = *pending;
         let count = Count {
             tokens: counted.count,
@@ -940,6 +893,149 @@ impl Answer<'_> {
             return Err(Failure::Contract);
         }
         parse(self.body)
+    }
+}
+
+/// Learns the window from a window call's answer (or counts its failure).
+fn learn_window(plugin: &Plugin, host: &mut dyn Host, model: &str, answer: &Answer) {
+    let kind = backend::window_call(&plugin.config).kind;
+    match answer.read(|b| backend::parse_window(kind, Some(model), answer.status, b)) {
+        Ok(c) => plugin.learn(host, model, c),
+        Err(failure) => {
+            host.increment(Metric::Failure(failure));
+            log::warn!(
+                "incontext: window call failed ({}); counting without it",
+                failure.as_str()
+            );
+        }
+    }
+}
+
+/// Stores an exact count under `key`, the window it reported for `model`, and the count of
+/// the conversation up to `link` (docs/spec.md §15).
+fn store(
+    plugin: &Plugin,
+    host: &mut dyn Host,
+    key: u128,
+    model: &str,
+    link: Option<u128>,
+    counted: Counted,
+) {
+    let config = &plugin.config;
+    if let Some(c) = counted.window {
+        if config.context_length.is_none() {
+            plugin.learn(host, model, c);
+        }
+    }
+    let reply = Reply {
+        count: counted.count,
+        max_model_len: counted.window.unwrap_or(0),
+    };
+    host.set_shared(
+        &cache::slot_key(key, config.cache_entries),
+        &cache::encode(key, reply),
+    );
+    if let Some(link) = link {
+        let entry = bound::Entry {
+            tokens: counted.count,
+            exact: true,
+        };
+        host.set_shared(
+            &bound::slot_key(link, config.cache_entries),
+            &bound::encode(link, entry),
+        );
+    }
+}
+
+/// The count of a request sent on a bound: stored, and held against its bound.
+fn checked(
+    plugin: &Plugin,
+    host: &mut dyn Host,
+    key: u128,
+    model: &str,
+    link: Option<u128>,
+    bound: u64,
+    counted: Result<Counted, Failure>,
+) {
+    let counted = match counted {
+        Ok(c) => c,
+        Err(failure) => {
+            host.increment(Metric::Failure(failure));
+            return;
+        }
+    };
+    store(plugin, host, key, model, link, counted);
+    if counted.count <= bound {
+        return;
+    }
+    host.increment(Metric::BoundViolations);
+    let off = bound::off_key(&plugin.scope, model);
+    if host.get_shared(&off).is_none() {
+        host.set_shared(&off, &[1]);
+        log::warn!(
+            "incontext: a count exceeded its bound ({} > {bound}); counting every request of this route from now on",
+            counted.count
+        );
+    }
+}
+
+/// A call whose request is gone (the client left, the stream was reset), kept until its
+/// answer: what the answer tells is still stored (the count, a learned window, a checked
+/// bound), so the next identical request need not ask again. It holds the cache key, the model
+/// and the conversation's last link, not the body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Orphan {
+    token: u32,
+    call: OrphanCall,
+    key: u128,
+    model: String,
+    link: Option<u128>,
+}
+
+/// What an orphan's call asked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum OrphanCall {
+    Window,
+    Count(CallKind),
+    /// The count of a request sent on a bound, and that bound.
+    Check(CallKind, u64),
+}
+
+impl Orphan {
+    /// The token of the call it waits for.
+    pub fn token(&self) -> u32 {
+        self.token
+    }
+
+    /// The memory it holds, in bytes.
+    pub fn held_bytes(&self) -> usize {
+        std::mem::size_of::<Orphan>() + self.model.capacity()
+    }
+
+    /// The answer to its call: stored, nothing decided. `false`: not its call.
+    pub fn on_reply(&self, plugin: &Plugin, host: &mut dyn Host, answer: &Answer) -> bool {
+        if answer.token != self.token {
+            return false;
+        }
+        let count =
+            |kind| answer.read(|b| backend::parse_count(&plugin.config, kind, answer.status, b));
+        match self.call {
+            OrphanCall::Window => learn_window(plugin, host, &self.model, answer),
+            OrphanCall::Count(kind) => match count(kind) {
+                Ok(counted) => store(plugin, host, self.key, &self.model, self.link, counted),
+                Err(failure) => host.increment(Metric::Failure(failure)),
+            },
+            OrphanCall::Check(kind, bound) => checked(
+                plugin,
+                host,
+                self.key,
+                &self.model,
+                self.link,
+                bound,
+                count(kind),
+            ),
+        }
+        true
     }
 }
 
@@ -1347,8 +1443,9 @@ mod tests {
         );
         // The stream ended before the check's answer: still stored and held to the bound.
         let token = y.pending_token().unwrap();
+        let orphan = y.abandon().unwrap();
         let late = br#"{"input_tokens":99999}"#;
-        assert!(y.on_late_reply(
+        assert!(orphan.on_reply(
             &p,
             &mut host,
             &Answer {
@@ -1440,6 +1537,57 @@ mod tests {
         assert_eq!(host.calls.len(), 1, "a hit makes no call");
         assert!(host.has(Metric::CacheHits));
         assert_eq!(header(&x2, &p, HEADER_SOURCE).as_deref(), Some("cache"));
+    }
+
+    #[test]
+    fn an_abandoned_call_keeps_key_and_model_and_stores_its_answer() {
+        let p = plugin(r#","context_length":512"#);
+        let mut host = FakeHost::default();
+        let (mut x, _) = send(&p, &mut host, "/v1/chat/completions", CHAT);
+        let token = host.last_token();
+        let orphan = x.abandon().expect("a call is out");
+        assert_eq!(x.pending_token(), None, "the exchange let the request go");
+        assert_eq!(orphan.token(), token);
+        assert_eq!(orphan.model, "m");
+        let ok = r#"{"count":40,"max_model_len":512}"#;
+        let answer = |token| Answer {
+            token,
+            status: Some(200),
+            size: ok.len(),
+            body: ok.as_bytes(),
+        };
+        assert!(!orphan.on_reply(&p, &mut host, &answer(token + 1)));
+        assert!(orphan.on_reply(&p, &mut host, &answer(token)));
+        let (_, step) = send(&p, &mut host, "/v1/chat/completions", CHAT);
+        assert_eq!(rewritten(step)["max_tokens"], 472);
+        assert_eq!(host.calls.len(), 1, "the stored count is a hit");
+        // Nothing is out while the body is still coming.
+        let mut y = Exchange::new();
+        y.on_headers(&p, &mut host, &head("/v1/chat/completions"));
+        assert!(y.abandon().is_none());
+    }
+
+    #[test]
+    fn an_abandoned_window_call_still_learns_the_window() {
+        let p = plugin("");
+        let mut host = FakeHost::default();
+        let (mut x, _) = send(&p, &mut host, "/v1/messages", MESSAGES);
+        let orphan = x.abandon().expect("the window call is out");
+        let body = r#"{"data":[{"id":"m","max_model_len":512}]}"#;
+        assert!(orphan.on_reply(
+            &p,
+            &mut host,
+            &Answer {
+                token: orphan.token(),
+                status: Some(200),
+                size: body.len(),
+                body: body.as_bytes(),
+            }
+        ));
+        let (_, step) = send(&p, &mut host, "/v1/messages", MESSAGES);
+        assert!(matches!(step, Step::Wait));
+        assert_eq!(host.calls.len(), 2);
+        assert_eq!(host.calls[1].2.path, backend::MESSAGES_COUNT_PATH);
     }
 
     #[test]

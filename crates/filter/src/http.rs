@@ -1,31 +1,34 @@
-//! The per-request callbacks: each reads what the host has, hands it to the core's
+//! One HTTP stream's callbacks: each reads what the host has, hands it to the core's
 //! `Exchange`, and applies the step it returns.
 
-use super::abi::{self, CONTINUE, PAUSE};
-use super::host::{self, BufferType, MapType};
-use super::Shared;
+use crate::filter::{CONTINUE, PAUSE};
+use crate::proxy::{text, BufferType, MapType, Proxy};
+use crate::Shared;
 use incontext_core::flow::{
-    Action, Answer, BodyStep, Call, Exchange, HeadStep, Histogram, Host, Metric, RequestHead, Step,
-    MAX_REPLY_BYTES,
+    Action, Answer, BodyStep, Call, Exchange, HeadStep, Histogram, Host, Metric, Orphan,
+    RequestHead, Step, MAX_REPLY_BYTES,
 };
 use std::rc::Rc;
 
-/// The core's view of the host, for one stream.
-struct HostView<'a> {
-    shared: &'a Shared,
-    stream: u32,
-    root: u32,
+/// The core's view of the host, for one stream of one plugin.
+pub struct HostView<'a> {
+    pub proxy: &'a mut dyn Proxy,
+    pub shared: &'a Shared,
+    pub stream: u32,
+    pub root: u32,
 }
 
 impl Host for HostView<'_> {
     fn get_shared(&mut self, key: &str) -> Option<Vec<u8>> {
-        host::get_shared(key).ok().flatten()
+        self.proxy.get_shared(key).ok().flatten()
     }
 
     fn set_shared(&mut self, key: &str, value: &[u8]) {
-        let _ = host::set_shared(key, value);
+        let _ = self.proxy.set_shared(key, value);
     }
 
+    /// Dispatched on behalf of the plugin's root context, so that Envoy does not cancel the
+    /// call when the stream ends first: its answer is still stored (`Orphan`).
     fn dispatch(
         &mut self,
         cluster: &str,
@@ -33,30 +36,31 @@ impl Host for HostView<'_> {
         call: &Call,
         timeout_ms: u64,
     ) -> Option<u32> {
-        abi::dispatch_for(
-            self.stream,
-            self.root,
-            cluster,
-            headers,
-            call.body.as_deref(),
-            timeout_ms,
-        )
+        self.proxy.set_effective_context(self.root).ok()?;
+        let body = call.body.as_deref().unwrap_or_default();
+        let timeout = u32::try_from(timeout_ms).unwrap_or(u32::MAX);
+        let token = self.proxy.http_call(cluster, headers, body, timeout);
+        // Back to the stream for the rest of its callback; if that fails, the stream's own
+        // calls fail too and leave the request unchanged.
+        let _ = self.proxy.set_effective_context(self.stream);
+        token.ok()
     }
 
     fn increment(&mut self, metric: Metric) {
-        self.shared.metrics.increment(metric);
+        self.shared.metrics.increment(self.proxy, metric);
     }
 
     fn now_ms(&mut self) -> Option<u64> {
-        host::now_ns().ok().map(|ns| ns / 1_000_000)
+        self.proxy.now_ns().ok().map(|ns| ns / 1_000_000)
     }
 
     fn record(&mut self, histogram: Histogram, value: u64) {
-        self.shared.metrics.record(histogram, value);
+        self.shared.metrics.record(self.proxy, histogram, value);
     }
 }
 
 /// A tokenizer answer as read from the host.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CallReply {
     status: Option<u16>,
     size: usize,
@@ -64,7 +68,25 @@ pub struct CallReply {
 }
 
 impl CallReply {
-    fn answer(&self, token: u32) -> Answer<'_> {
+    /// Reads the answer of the call being delivered (status, body up to the limit).
+    pub fn read(proxy: &mut dyn Proxy, size: usize) -> CallReply {
+        let status = header(proxy, MapType::CallResponseHeaders, ":status")
+            .ok()
+            .flatten()
+            .and_then(|s| s.trim().parse::<u16>().ok());
+        let body = if size > MAX_REPLY_BYTES {
+            Vec::new()
+        } else {
+            proxy
+                .get_buffer(BufferType::HttpCallResponseBody, 0, size)
+                .ok()
+                .flatten()
+                .unwrap_or_default()
+        };
+        CallReply { status, size, body }
+    }
+
+    pub fn answer(&self, token: u32) -> Answer<'_> {
         Answer {
             token,
             status: self.status,
@@ -74,15 +96,20 @@ impl CallReply {
     }
 }
 
+fn header(
+    proxy: &mut dyn Proxy,
+    map: MapType,
+    name: &str,
+) -> Result<Option<String>, crate::proxy::HostError> {
+    proxy.get_header(map, name).map(text)
+}
+
+/// One HTTP stream.
 pub struct Http {
     shared: Option<Rc<Shared>>,
     id: u32,
     root: u32,
     exchange: Exchange,
-}
-
-fn header(map: MapType, name: &str) -> Result<Option<String>, host::HostError> {
-    host::get_header(map, name).map(host::text)
 }
 
 impl Http {
@@ -95,45 +122,33 @@ impl Http {
         }
     }
 
-    fn view<'a>(&self, shared: &'a Shared) -> HostView<'a> {
-        HostView {
-            shared,
-            stream: self.id,
-            root: self.root,
-        }
+    pub fn root(&self) -> u32 {
+        self.root
     }
 
     pub fn pending_token(&self) -> Option<u32> {
         self.exchange.pending_token()
     }
 
-    /// Reads the answer of the call being delivered (status, body up to the limit).
-    pub fn read_reply(size: usize) -> CallReply {
-        let status = header(MapType::CallResponseHeaders, ":status")
-            .ok()
-            .flatten()
-            .and_then(|s| s.trim().parse::<u16>().ok());
-        let body = if size > MAX_REPLY_BYTES {
-            Vec::new()
-        } else {
-            host::get_buffer(BufferType::HttpCallResponseBody, 0, size)
-                .ok()
-                .flatten()
-                .unwrap_or_default()
-        };
-        CallReply { status, size, body }
+    /// The stream ended: what its call still needs, with the plugin it belongs to.
+    pub fn abandon(mut self) -> Option<(Rc<Shared>, Orphan)> {
+        let orphan = self.exchange.abandon()?;
+        Some((self.shared?, orphan))
     }
 
     /// Applies a step; returns whether the request stays held.
-    fn apply(&mut self, view: &mut HostView, step: Step) -> bool {
+    fn apply(exchange: &mut Exchange, view: &mut HostView, step: Step) -> bool {
         match step {
             Step::Wait => true,
             Step::Done(Action::Continue) => false,
             Step::Done(Action::Rewrite(mut rewrite)) => {
                 let (end, head) = rewrite.head();
-                if let Err(e) = host::set_buffer(BufferType::HttpRequestBody, 0, end, &head) {
+                let replaced = view
+                    .proxy
+                    .set_buffer(BufferType::HttpRequestBody, 0, end, &head);
+                if let Err(e) = replaced {
                     log::warn!("incontext: cannot replace the body (host status {})", e.0);
-                    self.exchange.on_apply_error(view);
+                    exchange.on_apply_error(view);
                 }
                 false
             }
@@ -143,11 +158,14 @@ impl Http {
                     .iter()
                     .map(|(k, v)| (*k, v.as_str()))
                     .collect();
-                match host::send_response(reply.status, &headers, &reply.body) {
+                match view
+                    .proxy
+                    .send_response(reply.status, &headers, &reply.body)
+                {
                     Ok(()) => true,
                     Err(e) => {
                         log::warn!("incontext: cannot send the rejection (host status {})", e.0);
-                        self.exchange.on_apply_error(view);
+                        exchange.on_apply_error(view);
                         false
                     }
                 }
@@ -155,117 +173,126 @@ impl Http {
         }
     }
 
-    pub fn on_call_response(&mut self, token: u32, reply: &CallReply) {
+    /// Runs `f` with the exchange and the host view, when the plugin is configured.
+    fn with<T>(
+        &mut self,
+        proxy: &mut dyn Proxy,
+        unconfigured: T,
+        f: impl FnOnce(&mut Exchange, &Shared, &mut HostView) -> T,
+    ) -> T {
         let Some(shared) = self.shared.clone() else {
-            return;
+            return unconfigured;
         };
-        let mut view = self.view(&shared);
-        let Some(step) = self
-            .exchange
-            .on_reply(&shared.plugin, &mut view, &reply.answer(token))
-        else {
-            return;
+        let mut view = HostView {
+            proxy: &mut *proxy,
+            shared: &shared,
+            stream: self.id,
+            root: self.root,
         };
-        if !self.apply(&mut view, step) {
-            if let Err(e) = host::resume_request() {
-                log::warn!("incontext: cannot resume the request (host status {})", e.0);
-            }
-        }
+        f(&mut self.exchange, &shared, &mut view)
     }
 
-    /// The answer to this stream's call arrived after the stream ended.
-    pub fn on_late_reply(&mut self, token: u32, reply: &CallReply) {
-        let Some(shared) = self.shared.clone() else {
-            return;
-        };
-        let mut view = self.view(&shared);
-        self.exchange
-            .on_late_reply(&shared.plugin, &mut view, &reply.answer(token));
-    }
-
-    pub fn on_request_headers(&mut self, end_of_stream: bool) -> u32 {
-        let Some(shared) = self.shared.clone() else {
-            return CONTINUE;
-        };
-        let mut view = self.view(&shared);
-        let read = |name| header(MapType::RequestHeaders, name);
-        let (Ok(method), Ok(path), Ok(encoding), Ok(length)) = (
-            read(":method"),
-            read(":path"),
-            read("content-encoding"),
-            read("content-length"),
-        ) else {
-            view.increment(Metric::Requests);
-            self.exchange.on_host_error(&mut view);
-            return CONTINUE;
-        };
-        let head = RequestHead {
-            method: method.as_deref(),
-            path: path.as_deref(),
-            content_encoding: encoding.as_deref(),
-            content_length: length.as_deref(),
-            end_of_stream,
-        };
-        match self.exchange.on_headers(&shared.plugin, &mut view, &head) {
-            HeadStep::Continue => CONTINUE,
-            HeadStep::Buffer => {
-                if let Err(e) = host::remove_header(MapType::RequestHeaders, "content-length") {
-                    log::warn!(
-                        "incontext: cannot remove content-length (host status {})",
-                        e.0
-                    );
-                    self.exchange.on_host_error(&mut view);
+    /// The answer to this stream's call (the stream is the effective context).
+    pub fn on_call_response(&mut self, proxy: &mut dyn Proxy, token: u32, reply: &CallReply) {
+        self.with(proxy, (), |exchange, shared, view| {
+            let Some(step) = exchange.on_reply(&shared.plugin, view, &reply.answer(token)) else {
+                return;
+            };
+            if !Http::apply(exchange, view, step) {
+                if let Err(e) = view.proxy.resume_request() {
+                    log::warn!("incontext: cannot resume the request (host status {})", e.0);
                 }
+            }
+        })
+    }
+
+    pub fn on_request_headers(&mut self, proxy: &mut dyn Proxy, end_of_stream: bool) -> u32 {
+        self.with(proxy, CONTINUE, |exchange, shared, view| {
+            let mut read = |name| header(view.proxy, MapType::RequestHeaders, name);
+            let (Ok(method), Ok(path), Ok(encoding), Ok(length)) = (
+                read(":method"),
+                read(":path"),
+                read("content-encoding"),
+                read("content-length"),
+            ) else {
+                view.increment(Metric::Requests);
+                exchange.on_host_error(view);
+                return CONTINUE;
+            };
+            let head = RequestHead {
+                method: method.as_deref(),
+                path: path.as_deref(),
+                content_encoding: encoding.as_deref(),
+                content_length: length.as_deref(),
+                end_of_stream,
+            };
+            match exchange.on_headers(&shared.plugin, view, &head) {
+                HeadStep::Continue => CONTINUE,
+                HeadStep::Buffer => {
+                    let removed = view
+                        .proxy
+                        .remove_header(MapType::RequestHeaders, "content-length");
+                    if let Err(e) = removed {
+                        log::warn!(
+                            "incontext: cannot remove content-length (host status {})",
+                            e.0
+                        );
+                        exchange.on_host_error(view);
+                    }
+                    CONTINUE
+                }
+            }
+        })
+    }
+
+    pub fn on_request_body(
+        &mut self,
+        proxy: &mut dyn Proxy,
+        body_size: usize,
+        end_of_stream: bool,
+    ) -> u32 {
+        self.with(proxy, CONTINUE, |exchange, shared, view| {
+            match exchange.on_body_chunk(&shared.plugin, view, body_size, end_of_stream) {
+                BodyStep::Continue => return CONTINUE,
+                BodyStep::Buffer | BodyStep::Wait => return PAUSE,
+                BodyStep::Read => {}
+            }
+            let body = match view
+                .proxy
+                .get_buffer(BufferType::HttpRequestBody, 0, body_size)
+            {
+                Ok(b) => b.unwrap_or_default(),
+                Err(e) => {
+                    log::warn!("incontext: cannot read the body (host status {})", e.0);
+                    exchange.on_host_error(view);
+                    return CONTINUE;
+                }
+            };
+            let step = exchange.on_body(&shared.plugin, view, body);
+            if Http::apply(exchange, view, step) {
+                PAUSE
+            } else {
                 CONTINUE
             }
-        }
+        })
     }
 
-    pub fn on_request_body(&mut self, body_size: usize, end_of_stream: bool) -> u32 {
-        let Some(shared) = self.shared.clone() else {
-            return CONTINUE;
-        };
-        let mut view = self.view(&shared);
-        match self
-            .exchange
-            .on_body_chunk(&shared.plugin, &mut view, body_size, end_of_stream)
-        {
-            BodyStep::Continue => return CONTINUE,
-            BodyStep::Buffer | BodyStep::Wait => return PAUSE,
-            BodyStep::Read => {}
-        }
-        let body = match host::get_buffer(BufferType::HttpRequestBody, 0, body_size) {
-            Ok(b) => b.unwrap_or_default(),
-            Err(e) => {
-                log::warn!("incontext: cannot read the body (host status {})", e.0);
-                self.exchange.on_host_error(&mut view);
-                return CONTINUE;
-            }
-        };
-        let step = self.exchange.on_body(&shared.plugin, &mut view, body);
-        if self.apply(&mut view, step) {
-            PAUSE
-        } else {
+    pub fn on_request_trailers(&mut self, proxy: &mut dyn Proxy) -> u32 {
+        self.with(proxy, CONTINUE, |exchange, _, view| {
+            exchange.on_trailers(view);
             CONTINUE
-        }
+        })
     }
 
-    pub fn on_request_trailers(&mut self) -> u32 {
-        if let Some(shared) = self.shared.clone() {
-            self.exchange.on_trailers(&mut self.view(&shared));
-        }
-        CONTINUE
-    }
-
-    pub fn on_response_headers(&mut self) -> u32 {
-        let Some(shared) = self.shared.clone() else {
-            return CONTINUE;
-        };
-        self.exchange
-            .on_upstream_answer(&shared.plugin, &mut self.view(&shared));
-        for (name, value) in self.exchange.response_headers(&shared.plugin) {
-            let _ = host::add_header(MapType::ResponseHeaders, name, &value);
-        }
-        CONTINUE
+    pub fn on_response_headers(&mut self, proxy: &mut dyn Proxy) -> u32 {
+        self.with(proxy, CONTINUE, |exchange, shared, view| {
+            exchange.on_upstream_answer(&shared.plugin, view);
+            for (name, value) in exchange.response_headers(&shared.plugin) {
+                let _ = view
+                    .proxy
+                    .add_header(MapType::ResponseHeaders, name, &value);
+            }
+            CONTINUE
+        })
     }
 }

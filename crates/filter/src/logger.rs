@@ -1,48 +1,51 @@
-//! A `log` backend over the host's log call that never panics. Messages carry counts,
-//! decisions and error kinds only: never prompts, bodies, header values or tokenizer text.
+//! How the filter's `log` records reach the host's log. Messages carry counts, decisions and
+//! error kinds only: never prompts, bodies, header values or tokenizer text. The level follows
+//! the host's, re-read on every request (Envoy filters wasm logs by its own level, which an
+//! operator may change at run time through the admin endpoint's `/logging`).
 
-use super::host;
-use super::host::LogLevel;
+use crate::proxy::LogLevel;
+use std::panic::Location;
 
-struct HostLogger;
-
-impl log::Log for HostLogger {
-    fn enabled(&self, _: &log::Metadata) -> bool {
-        true
-    }
-
-    fn log(&self, record: &log::Record) {
-        let level = match record.level() {
-            log::Level::Error => LogLevel::Error,
-            log::Level::Warn => LogLevel::Warn,
-            log::Level::Info => LogLevel::Info,
-            log::Level::Debug => LogLevel::Debug,
-            log::Level::Trace => LogLevel::Trace,
-        };
-        host::log(level, &record.args().to_string());
-    }
-
-    fn flush(&self) {}
-}
-
-static LOGGER: HostLogger = HostLogger;
-
-/// Installs the logger. Host calls are not allowed while the module initialises, so the
-/// host's level is read later, in `on_configure`.
-pub fn install() {
-    if log::set_logger(&LOGGER).is_ok() {
-        log::set_max_level(log::LevelFilter::Info);
+/// The `log` crate's level as the ABI's.
+pub fn host_level(level: log::Level) -> LogLevel {
+    match level {
+        log::Level::Error => LogLevel::Error,
+        log::Level::Warn => LogLevel::Warn,
+        log::Level::Info => LogLevel::Info,
+        log::Level::Debug => LogLevel::Debug,
+        log::Level::Trace => LogLevel::Trace,
     }
 }
 
-/// Formats only what the host will print: Envoy filters wasm logs by its own level.
-pub fn follow_host_level() {
-    let filter = match host::log_level() {
+/// What to format, given the host's level (0 trace … 5 critical; `None`: it did not say).
+pub fn filter_for(host: Option<u32>) -> log::LevelFilter {
+    match host {
         Some(0) => log::LevelFilter::Trace,
         Some(1) => log::LevelFilter::Debug,
         Some(2) | None => log::LevelFilter::Info,
         Some(3) => log::LevelFilter::Warn,
         Some(_) => log::LevelFilter::Error,
-    };
-    log::set_max_level(filter);
+    }
+}
+
+/// Formats only what the host will print.
+pub fn follow(host: Option<u32>) {
+    let filter = filter_for(host);
+    if log::max_level() != filter {
+        log::set_max_level(filter);
+    }
+}
+
+/// The line logged for a panic: where it happened, never its message (which could quote a
+/// request).
+pub fn panic_line(location: Option<&Location<'_>>) -> String {
+    match location {
+        Some(l) => format!(
+            "incontext: panic at {}:{}:{}",
+            l.file(),
+            l.line(),
+            l.column()
+        ),
+        None => "incontext: panic".to_string(),
+    }
 }

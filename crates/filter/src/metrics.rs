@@ -1,11 +1,11 @@
-//! The `incontext_*` counters (docs/spec.md §9). Envoy lists them as `wasmcustom.<name>`.
+//! The `incontext_*` metrics (docs/spec.md §9). Envoy lists them as `wasmcustom.<name>`.
 
-use super::host;
+use crate::proxy::{MetricType, Proxy};
 use incontext_core::flow::{Histogram, Metric};
 use incontext_core::reason::Reason;
 use incontext_core::tokenize::Failure;
 
-/// Counter ids; a counter the host refused to define is skipped.
+/// Metric ids; a metric the host refused to define is skipped.
 pub struct Metrics {
     requests: Option<u32>,
     rewritten: Option<u32>,
@@ -23,38 +23,50 @@ pub struct Metrics {
     failures: Vec<Option<u32>>,
 }
 
-fn counter(name: &str) -> Option<u32> {
-    host::define_counter(name).ok()
-}
-
 impl Metrics {
-    pub fn define() -> Metrics {
+    pub fn define(proxy: &mut dyn Proxy) -> Metrics {
+        let mut counter = |name: &str| proxy.define_metric(MetricType::Counter, name).ok();
+        let requests = counter("incontext_requests");
+        let rewritten = counter("incontext_rewritten");
+        let rejected = counter("incontext_rejected");
+        let tokenizer_calls = counter("incontext_tokenizer_calls");
+        let cache_hits = counter("incontext_cache_hits");
+        let cache_misses = counter("incontext_cache_misses");
+        let estimates = counter("incontext_estimates");
+        let count_calls = counter("incontext_count_calls");
+        let count_skipped = counter("incontext_count_skipped");
+        let bound_checks = counter("incontext_bound_checks");
+        let bound_violations = counter("incontext_bound_violations");
+        let unchanged = Reason::ALL
+            .iter()
+            .map(|r| counter(&format!("incontext_unchanged_{}", r.as_str())))
+            .collect();
+        let failures = Failure::ALL
+            .iter()
+            .map(|f| counter(&format!("incontext_tokenizer_failures_{}", f.as_str())))
+            .collect();
         Metrics {
-            requests: counter("incontext_requests"),
-            rewritten: counter("incontext_rewritten"),
-            rejected: counter("incontext_rejected"),
-            tokenizer_calls: counter("incontext_tokenizer_calls"),
-            cache_hits: counter("incontext_cache_hits"),
-            cache_misses: counter("incontext_cache_misses"),
-            estimates: counter("incontext_estimates"),
-            count_calls: counter("incontext_count_calls"),
-            count_skipped: counter("incontext_count_skipped"),
-            bound_checks: counter("incontext_bound_checks"),
-            bound_violations: counter("incontext_bound_violations"),
-            count_ms: host::define_histogram("incontext_count_ms").ok(),
-            unchanged: Reason::ALL
-                .iter()
-                .map(|r| counter(&format!("incontext_unchanged_{}", r.as_str())))
-                .collect(),
-            failures: Failure::ALL
-                .iter()
-                .map(|f| counter(&format!("incontext_tokenizer_failures_{}", f.as_str())))
-                .collect(),
+            requests,
+            rewritten,
+            rejected,
+            tokenizer_calls,
+            cache_hits,
+            cache_misses,
+            estimates,
+            count_calls,
+            count_skipped,
+            bound_checks,
+            bound_violations,
+            count_ms: proxy
+                .define_metric(MetricType::Histogram, "incontext_count_ms")
+                .ok(),
+            unchanged,
+            failures,
         }
     }
 
-    pub fn increment(&self, c: Metric) {
-        let id = match c {
+    pub fn increment(&self, proxy: &mut dyn Proxy, metric: Metric) {
+        let id = match metric {
             Metric::Requests => self.requests,
             Metric::Rewritten => self.rewritten,
             Metric::Rejected => self.rejected,
@@ -70,16 +82,67 @@ impl Metrics {
             Metric::BoundViolations => self.bound_violations,
         };
         if let Some(id) = id {
-            let _ = host::increment(id);
+            let _ = proxy.increment_metric(id, 1);
         }
     }
 
-    pub fn record(&self, h: Histogram, value: u64) {
-        let id = match h {
+    pub fn record(&self, proxy: &mut dyn Proxy, histogram: Histogram, value: u64) {
+        let id = match histogram {
             Histogram::CountMs => self.count_ms,
         };
         if let Some(id) = id {
-            let _ = host::record(id, value);
+            let _ = proxy.record_metric(id, value);
         }
+    }
+}
+
+/// One VM's part of a gauge summed over every worker's VM: it adds the change of its own
+/// value, so the gauge is the sum.
+struct Gauge {
+    id: Option<u32>,
+    value: u64,
+}
+
+impl Gauge {
+    fn define(proxy: &mut dyn Proxy, name: &str) -> Gauge {
+        Gauge {
+            id: proxy.define_metric(MetricType::Gauge, name).ok(),
+            value: 0,
+        }
+    }
+
+    fn set(&mut self, proxy: &mut dyn Proxy, value: u64) {
+        let Some(id) = self.id else {
+            return;
+        };
+        if value == self.value {
+            return;
+        }
+        let delta = i64::try_from(i128::from(value) - i128::from(self.value)).unwrap_or(0);
+        if proxy.increment_metric(id, delta).is_ok() {
+            self.value = value;
+        }
+    }
+}
+
+/// What the VM holds (docs/spec.md §9): the calls of gone requests still out, and its linear
+/// memory. Recorded when they change, summed over the workers' VMs.
+pub struct Holdings {
+    orphans: Gauge,
+    memory: Gauge,
+}
+
+impl Holdings {
+    pub fn define(proxy: &mut dyn Proxy) -> Holdings {
+        Holdings {
+            orphans: Gauge::define(proxy, "incontext_orphans"),
+            memory: Gauge::define(proxy, "incontext_wasm_memory_bytes"),
+        }
+    }
+
+    pub fn record(&mut self, proxy: &mut dyn Proxy, orphans: usize) {
+        self.orphans.set(proxy, orphans as u64);
+        let memory = proxy.memory_bytes();
+        self.memory.set(proxy, memory);
     }
 }

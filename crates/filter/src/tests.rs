@@ -1,0 +1,626 @@
+//! The glue driven as Envoy drives it, over a fake host that records every call with the
+//! context it was made in: contexts, call tokens, effective-context switching, orphans and
+//! root deletion, configuration, logs and metrics.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use crate::filter::{Filter, CONTINUE, PAUSE};
+use crate::logger;
+use crate::proxy::{BufferType, HostError, LogLevel, MapType, MetricType, Proxy};
+use std::collections::HashMap;
+
+/// A host call that matters to the order of things, with the effective context it was made in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Event {
+    Call {
+        context: u32,
+        token: u32,
+        path: String,
+    },
+    Resume {
+        context: u32,
+    },
+    SetBody {
+        context: u32,
+    },
+    Reply {
+        context: u32,
+        status: u32,
+    },
+}
+
+/// A host as Envoy is to the module, in memory.
+#[derive(Default)]
+struct Fake {
+    /// The context host calls act for (Envoy sets it to the callback's context).
+    effective: u32,
+    request_headers: HashMap<u32, Vec<(String, String)>>,
+    request_body: HashMap<u32, Vec<u8>>,
+    response_headers: HashMap<u32, Vec<(String, String)>>,
+    /// The call answer being delivered: status and body.
+    call_answer: Option<(u16, Vec<u8>)>,
+    config: Vec<u8>,
+    shared: HashMap<String, Vec<u8>>,
+    metric_names: Vec<(MetricType, String)>,
+    metric_values: HashMap<u32, i64>,
+    next_token: u32,
+    events: Vec<Event>,
+    /// Contexts `set_effective_context` refuses.
+    refuse_context: Vec<u32>,
+    level: Option<u32>,
+    level_reads: usize,
+    memory: u64,
+    now_ns: u64,
+    logs: Vec<(LogLevel, String)>,
+}
+
+impl Proxy for Fake {
+    fn log(&mut self, level: LogLevel, message: &str) {
+        self.logs.push((level, message.to_string()));
+    }
+    fn log_level(&mut self) -> Option<u32> {
+        self.level_reads += 1;
+        self.level
+    }
+    fn get_buffer(
+        &mut self,
+        kind: BufferType,
+        start: usize,
+        max: usize,
+    ) -> Result<Option<Vec<u8>>, HostError> {
+        let all = match kind {
+            BufferType::HttpRequestBody => self.request_body.get(&self.effective).cloned(),
+            BufferType::HttpCallResponseBody => self.call_answer.as_ref().map(|a| a.1.clone()),
+            BufferType::PluginConfiguration => Some(self.config.clone()),
+        };
+        Ok(all.map(|b| b[start.min(b.len())..(start + max).min(b.len())].to_vec()))
+    }
+    fn set_buffer(
+        &mut self,
+        kind: BufferType,
+        start: usize,
+        size: usize,
+        value: &[u8],
+    ) -> Result<(), HostError> {
+        assert_eq!(kind, BufferType::HttpRequestBody);
+        let body = self
+            .request_body
+            .get_mut(&self.effective)
+            .ok_or(HostError(2))?;
+        body.splice(start..start + size, value.iter().copied());
+        self.events.push(Event::SetBody {
+            context: self.effective,
+        });
+        Ok(())
+    }
+    fn get_header(&mut self, map: MapType, key: &str) -> Result<Option<Vec<u8>>, HostError> {
+        let value = match map {
+            MapType::RequestHeaders => self
+                .request_headers
+                .get(&self.effective)
+                .and_then(|h| h.iter().find(|(k, _)| k == key))
+                .map(|(_, v)| v.clone().into_bytes()),
+            MapType::CallResponseHeaders if key == ":status" => self
+                .call_answer
+                .as_ref()
+                .map(|a| a.0.to_string().into_bytes()),
+            _ => None,
+        };
+        Ok(value)
+    }
+    fn remove_header(&mut self, map: MapType, key: &str) -> Result<(), HostError> {
+        assert_eq!(map, MapType::RequestHeaders);
+        if let Some(h) = self.request_headers.get_mut(&self.effective) {
+            h.retain(|(k, _)| k != key);
+        }
+        Ok(())
+    }
+    fn add_header(&mut self, map: MapType, key: &str, value: &str) -> Result<(), HostError> {
+        assert_eq!(map, MapType::ResponseHeaders);
+        self.response_headers
+            .entry(self.effective)
+            .or_default()
+            .push((key.to_string(), value.to_string()));
+        Ok(())
+    }
+    fn send_response(
+        &mut self,
+        status: u32,
+        _headers: &[(&str, &str)],
+        _body: &[u8],
+    ) -> Result<(), HostError> {
+        self.events.push(Event::Reply {
+            context: self.effective,
+            status,
+        });
+        Ok(())
+    }
+    fn get_shared(&mut self, key: &str) -> Result<Option<Vec<u8>>, HostError> {
+        Ok(self.shared.get(key).cloned())
+    }
+    fn set_shared(&mut self, key: &str, value: &[u8]) -> Result<(), HostError> {
+        self.shared.insert(key.to_string(), value.to_vec());
+        Ok(())
+    }
+    fn define_metric(&mut self, kind: MetricType, name: &str) -> Result<u32, HostError> {
+        // Like Envoy: every definition gets its own id; the stat is the name's.
+        self.metric_names.push((kind, name.to_string()));
+        Ok(self.metric_names.len() as u32 - 1)
+    }
+    fn increment_metric(&mut self, id: u32, offset: i64) -> Result<(), HostError> {
+        *self.metric_values.entry(id).or_default() += offset;
+        Ok(())
+    }
+    fn http_call(
+        &mut self,
+        _cluster: &str,
+        headers: &[(&str, &str)],
+        _body: &[u8],
+        _timeout_ms: u32,
+    ) -> Result<u32, HostError> {
+        self.next_token += 1;
+        let path = headers
+            .iter()
+            .find(|(k, _)| *k == ":path")
+            .map(|(_, v)| v.to_string())
+            .unwrap_or_default();
+        self.events.push(Event::Call {
+            context: self.effective,
+            token: self.next_token,
+            path,
+        });
+        Ok(self.next_token)
+    }
+    fn record_metric(&mut self, id: u32, value: u64) -> Result<(), HostError> {
+        self.metric_values.insert(id, value as i64);
+        Ok(())
+    }
+    fn now_ns(&mut self) -> Result<u64, HostError> {
+        Ok(self.now_ns)
+    }
+    fn set_effective_context(&mut self, context: u32) -> Result<(), HostError> {
+        if self.refuse_context.contains(&context) {
+            return Err(HostError(2));
+        }
+        self.effective = context;
+        Ok(())
+    }
+    fn resume_request(&mut self) -> Result<(), HostError> {
+        self.events.push(Event::Resume {
+            context: self.effective,
+        });
+        Ok(())
+    }
+    fn memory_bytes(&mut self) -> u64 {
+        self.memory
+    }
+}
+
+impl Fake {
+    /// A metric's value summed over every id defined with its name.
+    fn metric(&self, name: &str) -> i64 {
+        self.metric_names
+            .iter()
+            .enumerate()
+            .filter(|(_, (_, n))| n == name)
+            .map(|(id, _)| self.metric_values.get(&(id as u32)).copied().unwrap_or(0))
+            .sum()
+    }
+
+    fn calls(&self) -> Vec<(u32, u32, String)> {
+        self.events
+            .iter()
+            .filter_map(|e| match e {
+                Event::Call {
+                    context,
+                    token,
+                    path,
+                } => Some((*context, *token, path.clone())),
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+/// Envoy and one VM's filter: every callback is made in its own context, as Envoy does.
+struct Vm {
+    filter: Filter,
+    host: Fake,
+    next_context: u32,
+}
+
+const CONFIG: &str = r#"{"tokenizer":{"cluster":"vllm"},"context_length":4096,"min_output_tokens":64,"fallback_margin_tokens":32}"#;
+const CHAT: &str =
+    r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":100000}"#;
+
+impl Vm {
+    fn new() -> Vm {
+        Vm {
+            filter: Filter::default(),
+            host: Fake::default(),
+            next_context: 0,
+        }
+    }
+
+    fn context(&mut self) -> u32 {
+        self.next_context += 1;
+        self.next_context
+    }
+
+    /// A root context with this configuration; whether it was accepted.
+    fn root_with(&mut self, config: &str) -> (u32, bool) {
+        let id = self.context();
+        self.filter.on_context_create(id, 0);
+        self.host.effective = id;
+        self.host.config = config.as_bytes().to_vec();
+        let ok = self.filter.on_configure(&mut self.host, id, config.len());
+        (id, ok)
+    }
+
+    fn root(&mut self) -> u32 {
+        let (id, ok) = self.root_with(CONFIG);
+        assert!(ok);
+        id
+    }
+
+    /// A request through headers and its whole body: the stream and what the body callback
+    /// answered.
+    fn send(&mut self, root: u32, body: &str) -> (u32, u32) {
+        let id = self.context();
+        self.filter.on_context_create(id, root);
+        self.host.effective = id;
+        self.host.request_headers.insert(
+            id,
+            vec![
+                (":method".into(), "POST".into()),
+                (":path".into(), "/v1/chat/completions".into()),
+                ("content-length".into(), body.len().to_string()),
+            ],
+        );
+        assert_eq!(
+            self.filter.on_request_headers(&mut self.host, id, false),
+            CONTINUE
+        );
+        self.host.request_body.insert(id, body.as_bytes().to_vec());
+        let step = self
+            .filter
+            .on_request_body(&mut self.host, id, body.len(), true);
+        (id, step)
+    }
+
+    /// Envoy delivers the answer to call `token` in the context of the root that made it.
+    fn answer(&mut self, root: u32, token: u32, status: u16, body: &str) {
+        self.host.effective = root;
+        self.host.call_answer = Some((status, body.as_bytes().to_vec()));
+        self.filter
+            .on_http_call_response(&mut self.host, token, body.len());
+        self.host.call_answer = None;
+    }
+
+    fn delete(&mut self, id: u32) {
+        self.host.effective = id;
+        self.filter.on_delete(&mut self.host, id);
+    }
+
+    fn body_of(&self, stream: u32) -> serde_json::Value {
+        serde_json::from_slice(&self.host.request_body[&stream]).unwrap()
+    }
+
+    fn last_token(&self) -> u32 {
+        self.host.calls().last().expect("a call was made").1
+    }
+}
+
+fn count(n: u64) -> String {
+    format!(r#"{{"count":{n},"max_model_len":4096}}"#)
+}
+
+#[test]
+fn a_call_is_made_for_the_root_and_answered_in_the_stream() {
+    let mut vm = Vm::new();
+    let root = vm.root();
+    let (stream, step) = vm.send(root, CHAT);
+    assert_eq!(step, PAUSE, "held while the count runs");
+    let calls = vm.host.calls();
+    assert_eq!(calls.len(), 1);
+    assert_eq!(
+        (calls[0].0, calls[0].2.as_str()),
+        (root, "/tokenize"),
+        "dispatched on behalf of the root"
+    );
+    assert_eq!(
+        vm.host.effective, stream,
+        "back to the stream after the dispatch"
+    );
+    assert_eq!(vm.filter.held(), (1, 1, 0));
+
+    vm.answer(root, calls[0].1, 200, &count(96));
+    assert_eq!(vm.body_of(stream)["max_tokens"], 4096 - 96);
+    assert_eq!(
+        &vm.host.events[1..],
+        [
+            crate::tests::Event::SetBody { context: stream },
+            crate::tests::Event::Resume { context: stream }
+        ],
+        "the body is replaced and the request resumed in the stream's context"
+    );
+    assert_eq!(vm.filter.held(), (1, 0, 0), "the token is forgotten");
+    assert_eq!(
+        vm.filter.on_response_headers(&mut vm.host, stream),
+        CONTINUE
+    );
+    assert!(vm.host.response_headers[&stream]
+        .contains(&("x-incontext-action".into(), "rewritten".into())));
+    vm.delete(stream);
+    assert_eq!(vm.filter.held(), (0, 0, 0));
+    assert_eq!(vm.host.metric("incontext_rewritten"), 1);
+}
+
+#[test]
+fn the_answer_of_a_gone_stream_is_stored_without_its_body() {
+    let mut vm = Vm::new();
+    let root = vm.root();
+    let (stream, _) = vm.send(root, CHAT);
+    let token = vm.last_token();
+    vm.delete(stream);
+    assert_eq!(
+        vm.filter.held(),
+        (0, 0, 1),
+        "an orphan waits for the answer"
+    );
+    assert_eq!(vm.host.metric("incontext_orphans"), 1);
+    assert!(
+        vm.filter.orphan_bytes() < 256,
+        "the orphan keeps the key and the model, not the body"
+    );
+
+    vm.answer(root, token, 200, &count(96));
+    assert_eq!(vm.filter.held(), (0, 0, 0));
+    assert_eq!(vm.host.metric("incontext_orphans"), 0);
+    assert!(vm
+        .host
+        .events
+        .iter()
+        .all(|e| !matches!(e, Event::Resume { .. })));
+
+    // The same prompt again: a cache hit, no call.
+    let (again, step) = vm.send(root, CHAT);
+    assert_eq!(step, CONTINUE);
+    assert_eq!(vm.host.calls().len(), 1);
+    assert_eq!(vm.body_of(again)["max_tokens"], 4096 - 96);
+    assert_eq!(vm.host.metric("incontext_cache_hits"), 1);
+}
+
+#[test]
+fn a_gone_stream_with_a_big_body_leaves_a_small_orphan() {
+    let mut vm = Vm::new();
+    let root = vm.root();
+    let text = "x".repeat(1 << 20);
+    let body = CHAT.replace("\"hi\"", &format!("\"{text}\""));
+    let (stream, step) = vm.send(root, &body);
+    assert_eq!(step, PAUSE);
+    vm.delete(stream);
+    assert_eq!(vm.filter.held(), (0, 0, 1));
+    assert!(
+        vm.filter.orphan_bytes() < 256,
+        "{}",
+        vm.filter.orphan_bytes()
+    );
+}
+
+#[test]
+fn a_failed_late_answer_is_counted_not_stored() {
+    let mut vm = Vm::new();
+    let root = vm.root();
+    let (stream, _) = vm.send(root, CHAT);
+    let token = vm.last_token();
+    vm.delete(stream);
+    vm.answer(root, token, 500, "{}");
+    assert_eq!(vm.host.metric("incontext_tokenizer_failures_status"), 1);
+    assert_eq!(vm.filter.held(), (0, 0, 0));
+    let (_, step) = vm.send(root, CHAT);
+    assert_eq!(
+        step, PAUSE,
+        "nothing was stored: the same prompt is counted again"
+    );
+}
+
+#[test]
+fn deleting_the_root_purges_its_orphans_only() {
+    let mut vm = Vm::new();
+    let a = vm.root();
+    let b = vm.root();
+    let (sa, _) = vm.send(a, CHAT);
+    let (sb, _) = vm.send(b, &CHAT.replace("hi", "hello"));
+    let tb = vm.last_token();
+    vm.delete(sa);
+    vm.delete(sb);
+    assert_eq!(vm.filter.held(), (0, 0, 2));
+    assert_eq!(vm.host.metric("incontext_orphans"), 2);
+    // Envoy cancels a's calls when it deletes a: no answer comes for its orphan.
+    vm.delete(a);
+    assert_eq!(vm.filter.held(), (0, 0, 1));
+    assert_eq!(vm.host.metric("incontext_orphans"), 1);
+    // b's orphan is still answered and stored.
+    vm.answer(b, tb, 200, &count(7));
+    assert_eq!(vm.filter.held(), (0, 0, 0));
+    assert_eq!(vm.host.metric("incontext_orphans"), 0);
+    let (again, step) = vm.send(b, &CHAT.replace("hi", "hello"));
+    assert_eq!(step, CONTINUE);
+    assert_eq!(vm.body_of(again)["max_tokens"], 4096 - 7);
+}
+
+#[test]
+fn unknown_tokens_and_contexts_change_nothing() {
+    let mut vm = Vm::new();
+    let root = vm.root();
+    vm.answer(root, 77, 200, &count(1));
+    vm.delete(99);
+    assert_eq!(
+        vm.filter.on_request_body(&mut vm.host, 99, 10, true),
+        CONTINUE
+    );
+    let (stream, _) = vm.send(root, CHAT);
+    vm.answer(root, vm.last_token() + 1, 200, &count(1));
+    assert_eq!(
+        vm.filter.held(),
+        (1, 1, 0),
+        "the stream still waits for its own call"
+    );
+    assert!(vm
+        .host
+        .events
+        .iter()
+        .all(|e| !matches!(e, Event::Resume { .. })));
+    vm.answer(root, vm.last_token(), 200, &count(1));
+    assert_eq!(vm.body_of(stream)["max_tokens"], 4095);
+}
+
+#[test]
+fn a_stream_gone_before_its_call_leaves_nothing() {
+    let mut vm = Vm::new();
+    let root = vm.root();
+    let id = vm.context();
+    vm.filter.on_context_create(id, root);
+    vm.host.effective = id;
+    vm.host.request_headers.insert(
+        id,
+        vec![
+            (":method".into(), "POST".into()),
+            (":path".into(), "/v1/chat/completions".into()),
+        ],
+    );
+    vm.filter.on_request_headers(&mut vm.host, id, false);
+    vm.host.request_body.insert(id, b"{\"mo".to_vec());
+    assert_eq!(vm.filter.on_request_body(&mut vm.host, id, 4, false), PAUSE);
+    vm.delete(id);
+    assert_eq!(vm.filter.held(), (0, 0, 0));
+    assert!(vm.host.calls().is_empty());
+}
+
+#[test]
+fn the_window_call_then_the_count_call_each_get_their_token() {
+    let mut vm = Vm::new();
+    let (root, ok) = vm.root_with(
+        r#"{"tokenizer":{"cluster":"vllm"},"min_output_tokens":64,"fallback_margin_tokens":32}"#,
+    );
+    assert!(ok);
+    let body = r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":100000}"#;
+    let (stream, _) = {
+        let id = vm.context();
+        vm.filter.on_context_create(id, root);
+        vm.host.effective = id;
+        vm.host.request_headers.insert(
+            id,
+            vec![
+                (":method".into(), "POST".into()),
+                (":path".into(), "/v1/messages".into()),
+            ],
+        );
+        vm.filter.on_request_headers(&mut vm.host, id, false);
+        vm.host.request_body.insert(id, body.as_bytes().to_vec());
+        let step = vm
+            .filter
+            .on_request_body(&mut vm.host, id, body.len(), true);
+        (id, step)
+    };
+    let window = vm.last_token();
+    assert_eq!(vm.host.calls()[0].2, "/v1/models");
+    vm.answer(
+        root,
+        window,
+        200,
+        r#"{"data":[{"id":"m","max_model_len":1024}]}"#,
+    );
+    let calls = vm.host.calls();
+    assert_eq!(calls.len(), 2);
+    assert_eq!(
+        (calls[1].0, calls[1].2.as_str()),
+        (root, "/v1/messages/count_tokens")
+    );
+    assert_eq!(
+        vm.filter.held(),
+        (1, 1, 0),
+        "only the count call's token is kept"
+    );
+    // The stream goes while its count call is out; the window was learned already.
+    vm.delete(stream);
+    vm.answer(root, calls[1].1, 200, r#"{"input_tokens":10}"#);
+    assert_eq!(vm.filter.held(), (0, 0, 0));
+}
+
+#[test]
+fn a_refused_context_switch_leaves_the_request_unchanged() {
+    let mut vm = Vm::new();
+    let root = vm.root();
+    vm.host.refuse_context.push(root);
+    let (stream, step) = vm.send(root, CHAT);
+    assert_eq!(
+        step, CONTINUE,
+        "not dispatched: the estimate decides at once"
+    );
+    assert!(vm.host.calls().is_empty());
+    assert_eq!(vm.host.metric("incontext_tokenizer_failures_dispatch"), 1);
+    assert_eq!(vm.host.metric("incontext_estimates"), 1);
+    assert_eq!(vm.filter.held(), (1, 0, 0));
+    vm.delete(stream);
+}
+
+#[test]
+fn an_invalid_configuration_is_refused_and_its_streams_pass() {
+    let mut vm = Vm::new();
+    let (root, ok) = vm.root_with(r#"{"tokenizer":{}}"#);
+    assert!(!ok);
+    let (stream, step) = vm.send(root, CHAT);
+    assert_eq!(step, CONTINUE);
+    assert!(vm.host.calls().is_empty());
+    assert_eq!(vm.host.request_body[&stream], CHAT.as_bytes());
+    vm.delete(stream);
+    assert_eq!(vm.filter.held(), (0, 0, 0));
+}
+
+#[test]
+fn the_log_level_is_read_on_every_request() {
+    let mut vm = Vm::new();
+    let root = vm.root();
+    let before = vm.host.level_reads;
+    for _ in 0..3 {
+        let (s, _) = vm.send(root, r#"{"model":"m"}"#);
+        vm.delete(s);
+    }
+    assert_eq!(vm.host.level_reads - before, 3);
+    assert_eq!(logger::filter_for(Some(0)), log::LevelFilter::Trace);
+    assert_eq!(logger::filter_for(Some(1)), log::LevelFilter::Debug);
+    assert_eq!(logger::filter_for(None), log::LevelFilter::Info);
+    assert_eq!(logger::filter_for(Some(3)), log::LevelFilter::Warn);
+    assert_eq!(logger::filter_for(Some(5)), log::LevelFilter::Error);
+}
+
+#[test]
+fn a_panic_is_logged_with_its_place_only() {
+    let secret = "the prompt";
+    let here = std::panic::Location::caller();
+    let line = logger::panic_line(Some(here));
+    assert!(line.contains(here.file()) && line.contains(&here.line().to_string()));
+    assert!(!line.contains(secret));
+    assert_eq!(logger::panic_line(None), "incontext: panic");
+}
+
+#[test]
+fn the_memory_gauge_adds_this_vms_change() {
+    let mut vm = Vm::new();
+    let root = vm.root();
+    vm.host.memory = 1 << 20;
+    let (s, _) = vm.send(root, r#"{"model":"m"}"#);
+    vm.delete(s);
+    assert_eq!(vm.host.metric("incontext_wasm_memory_bytes"), 1 << 20);
+    vm.host.memory = 3 << 20;
+    let (s, _) = vm.send(root, r#"{"model":"m"}"#);
+    vm.delete(s);
+    assert_eq!(vm.host.metric("incontext_wasm_memory_bytes"), 3 << 20);
+    // A second root in the same VM defines no second gauge: the VM's memory counts once.
+    vm.root();
+    let (s, _) = vm.send(root, r#"{"model":"m"}"#);
+    vm.delete(s);
+    assert_eq!(vm.host.metric("incontext_wasm_memory_bytes"), 3 << 20);
+}

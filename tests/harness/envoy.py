@@ -201,6 +201,10 @@ def check_logs() -> Tuple[int, List[str]]:
     return len(todo), problems
 
 
+# The filter's gauges; every other wasmcustom stat is a counter.
+GAUGES = ("incontext_orphans", "incontext_wasm_memory_bytes")
+
+
 class Envoy:
     """One running Envoy with one plugin configuration."""
 
@@ -322,14 +326,21 @@ class Envoy:
                 total += int(v)
         return total
 
-    def counters(self) -> Dict[str, int]:
-        """wasmcustom counters as {short name: value}, e.g. {"incontext_requests": 3}."""
+    def _custom(self) -> Dict[str, int]:
         out = {}
         for line in self.stats_text().splitlines():
             m = re.match(r"^wasmcustom\.(\S+): (\d+)$", line.strip())
             if m:
                 out[m.group(1)] = int(m.group(2))
         return out
+
+    def counters(self) -> Dict[str, int]:
+        """wasmcustom counters as {short name: value}, e.g. {"incontext_requests": 3}."""
+        return {k: v for k, v in self._custom().items() if k not in GAUGES}
+
+    def gauges(self) -> Dict[str, int]:
+        """The filter's gauges (docs/spec.md §9), e.g. {"incontext_orphans": 0}."""
+        return {k: v for k, v in self._custom().items() if k in GAUGES}
 
     def wasm_stats(self) -> Dict[str, int]:
         """Envoy's own wasm stats (not the filter's counters), e.g.

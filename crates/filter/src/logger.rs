@@ -41,11 +41,11 @@ pub fn follow(host: Option<u32>) {
 pub fn panic_line(location: Option<&Location<'_>>) -> String {
     match location {
         Some(l) => format!(
-            "incontext: panic at {}:{}:{}",
+            "incontext: panicked at {}:{}:{}",
             l.file(),
             l.line(),
             l.column()
         ),
-        None => "incontext: panic".to_string(),
+        None => "incontext: panicked".to_string(),
     }
 }

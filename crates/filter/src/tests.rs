@@ -603,7 +603,7 @@ fn a_panic_is_logged_with_its_place_only() {
     let line = logger::panic_line(Some(here));
     assert!(line.contains(here.file()) && line.contains(&here.line().to_string()));
     assert!(!line.contains(secret));
-    assert_eq!(logger::panic_line(None), "incontext: panic");
+    assert_eq!(logger::panic_line(None), "incontext: panicked");
 }
 
 #[test]

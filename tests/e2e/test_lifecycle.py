@@ -95,7 +95,7 @@ def test_abandoned_big_requests_leave_memory_flat(envoys, upstream):
     now = env.counters()
     delta = {k: v - before.get(k, 0) for k, v in now.items() if v != before.get(k, 0)}
     assert delta == {"incontext_requests": n, "incontext_cache_misses": n,
-                     "incontext_tokenizer_calls": n}, delta
+                     "incontext_tokenizer_calls": n, "incontext_count_calls": n}, delta
     assert memory[0] - start < GROWTH_BOUND, (start, memory)
     assert max(memory) == memory[0], f"memory grew after the first batch: {memory}"
     assert not env.vm_failures(baseline_vms), env.vm_failures(baseline_vms)

@@ -19,6 +19,7 @@ pub mod plan;
 pub mod reason;
 pub mod report;
 pub mod request;
+pub mod response;
 pub mod rewrite;
 pub mod rule;
 pub mod tokenize;

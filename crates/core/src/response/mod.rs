@@ -1,0 +1,578 @@
+//! The response side (docs/spec.md §13): what the filter does with the upstream's answer to a
+//! request it budgeted. Three things, each decided here and applied by the glue:
+//!
+//! * an error answer (4xx, at most [`MAX_ERROR_BYTES`]) that is one of the backend's window
+//!   errors reaches the client as its dialect's window-full signal (`errors`), chosen by what
+//!   the filter knows of the prompt; every other answer passes byte for byte;
+//! * an Anthropic answer ended by the window the filter wrote reports
+//!   `model_context_window_exceeded` (`stop`), streamed through;
+//! * the window the server named is learned (the flow stores it).
+//!
+//! Successful answers are never held: only error answers are buffered, and only those of
+//! budgeted requests. Each backend's wordings are in its own module.
+
+pub mod errors;
+mod llamacpp;
+mod sglang;
+pub mod stop;
+mod vllm;
+pub mod window;
+
+pub use errors::Dialect;
+pub use stop::Edit;
+pub use window::WindowError;
+
+use crate::config::Backend;
+
+/// Error bodies larger than this pass byte for byte.
+pub const MAX_ERROR_BYTES: usize = 64 * 1024;
+
+/// What the request side knew when its request went upstream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Budget {
+    pub dialect: Dialect,
+    pub backend: Backend,
+    /// P as the filter counted it (`exact`: by the server's counter, else the estimate).
+    pub prompt: Option<u64>,
+    pub exact: bool,
+    /// The prompt is known to exceed the window: the counter refused it as too long, or an
+    /// exact P ≥ C.
+    pub too_long: bool,
+    /// C as the filter knew it.
+    pub context: Option<u64>,
+    /// The cap that went upstream: the one the filter wrote, else the caller's B.
+    pub cap: Option<u64>,
+    /// Anthropic: the cap the filter wrote because the window left no more (below the
+    /// caller's B); an answer that uses all of it was ended by the window.
+    pub window_cap: Option<u64>,
+}
+
+/// The answer's head as the flow reads it.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Head<'a> {
+    pub status: Option<u16>,
+    pub content_type: Option<&'a str>,
+    pub content_encoding: Option<&'a str>,
+    pub content_length: Option<&'a str>,
+    /// The answer has no body.
+    pub end_of_stream: bool,
+}
+
+/// What to do with the answer's headers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HeadStep {
+    /// Nothing: the answer passes as it came (no body callback needs the filter).
+    Pass,
+    /// An error answer that may be translated: remove `content-length` (the body may
+    /// change) and let the headers go; the body is buffered.
+    Hold,
+    /// An answer whose stop reason may change: remove `content-length`; every chunk is
+    /// handed to [`Response::on_data`] and passes at once.
+    Watch,
+}
+
+/// What to do with an answer's body chunk; `size` is all that is buffered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BodyStep {
+    /// Let it (and anything buffered) go on unchanged.
+    Continue,
+    /// Keep buffering (an error answer before its end).
+    Buffer,
+    /// Read the buffered bytes and hand them to [`Response::on_data`].
+    Read,
+}
+
+/// The outcome of reading the body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Data {
+    pub edit: Edit,
+    /// The answer was translated: the window error's facts (the window to learn).
+    pub translated: Option<WindowError>,
+    /// The stop reason was changed.
+    pub window_stop: bool,
+}
+
+impl Data {
+    fn keep() -> Data {
+        Data {
+            edit: Edit::Keep,
+            translated: None,
+            window_stop: false,
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+enum Mode {
+    #[default]
+    Pass,
+    Error,
+    Json(stop::Json),
+    Sse(stop::Sse),
+}
+
+/// One answer through the filter.
+#[derive(Debug, Default)]
+pub struct Response {
+    mode: Mode,
+}
+
+fn is_identity(encoding: Option<&str>) -> bool {
+    encoding.is_none_or(|e| e.trim().is_empty() || e.trim().eq_ignore_ascii_case("identity"))
+}
+
+fn media_type(content_type: Option<&str>) -> String {
+    content_type
+        .and_then(|t| t.split(';').next())
+        .unwrap_or_default()
+        .trim()
+        .to_ascii_lowercase()
+}
+
+impl Response {
+    /// The answer's head. `budget` is what the request side knew (`None`: the request was
+    /// not budgeted, and its answer is none of the filter's business).
+    pub fn on_headers(
+        &mut self,
+        budget: Option<&Budget>,
+        translate: bool,
+        head: &Head,
+    ) -> HeadStep {
+        self.mode = Mode::Pass;
+        let Some(budget) = budget else {
+            return HeadStep::Pass;
+        };
+        if head.end_of_stream || !is_identity(head.content_encoding) {
+            return HeadStep::Pass;
+        }
+        let media = media_type(head.content_type);
+        match head.status {
+            Some(400..=499) if translate => {
+                let small = head.content_length.is_none_or(|l| {
+                    l.trim()
+                        .parse::<usize>()
+                        .is_ok_and(|l| l <= MAX_ERROR_BYTES)
+                });
+                if small && (media.is_empty() || media.ends_with("json")) {
+                    self.mode = Mode::Error;
+                    return HeadStep::Hold;
+                }
+                HeadStep::Pass
+            }
+            Some(200) => match budget.window_cap {
+                Some(cap) if budget.dialect == Dialect::Anthropic => {
+                    if media == "text/event-stream" {
+                        self.mode = Mode::Sse(stop::Sse::new(cap));
+                    } else if media.ends_with("json") {
+                        self.mode = Mode::Json(stop::Json::new(cap));
+                    } else {
+                        return HeadStep::Pass;
+                    }
+                    HeadStep::Watch
+                }
+                _ => HeadStep::Pass,
+            },
+            _ => HeadStep::Pass,
+        }
+    }
+
+    /// A body chunk arrived; `size` is what is buffered (the whole body so far when
+    /// holding, else this chunk).
+    pub fn on_body(&mut self, size: usize, end_of_stream: bool) -> BodyStep {
+        match self.mode {
+            Mode::Pass => BodyStep::Continue,
+            Mode::Error if size > MAX_ERROR_BYTES => {
+                self.mode = Mode::Pass;
+                BodyStep::Continue
+            }
+            Mode::Error if !end_of_stream => BodyStep::Buffer,
+            Mode::Error | Mode::Json(_) | Mode::Sse(_) => BodyStep::Read,
+        }
+    }
+
+    /// The bytes [`BodyStep::Read`] asked for: the whole error body at its end, or the
+    /// chunk of a watched answer.
+    pub fn on_data(&mut self, budget: Option<&Budget>, data: &[u8], end_of_stream: bool) -> Data {
+        match &mut self.mode {
+            Mode::Pass => Data::keep(),
+            Mode::Error => {
+                self.mode = Mode::Pass;
+                let Some(budget) = budget else {
+                    return Data::keep();
+                };
+                match window::parse(budget.backend, data)
+                    .and_then(|e| Some((translate(budget, &e)?, e)))
+                {
+                    Some((body, e)) => Data {
+                        edit: Edit::Replace(body),
+                        translated: Some(e),
+                        window_stop: false,
+                    },
+                    None => Data::keep(),
+                }
+            }
+            Mode::Json(editor) => {
+                let edit = editor.chunk(data, end_of_stream);
+                let window_stop = editor.take_edited();
+                Data {
+                    edit,
+                    translated: None,
+                    window_stop,
+                }
+            }
+            Mode::Sse(editor) => {
+                let edit = editor.chunk(data, end_of_stream);
+                let window_stop = editor.take_edited();
+                Data {
+                    edit,
+                    translated: None,
+                    window_stop,
+                }
+            }
+        }
+    }
+}
+
+/// The dialect's error for a window error, chosen by what is known (docs/spec.md §13):
+/// "prompt too long" when the prompt alone exceeds C (the server said so, the counter
+/// refused it, or an exact P ≥ C), else "prompt + cap too long". P is the exact count where
+/// one exists, else the larger of the server's lower bound and the estimate; C is the
+/// window the server named, else the filter's. `None` when a number the error needs is
+/// unknown: the answer then passes unchanged.
+pub fn translate(budget: &Budget, e: &WindowError) -> Option<Vec<u8>> {
+    let cap = e.cap.or(budget.cap);
+    let context = e
+        .context
+        .or(budget.context)
+        .or_else(|| e.limit?.checked_add(cap?))?;
+    let prompt = if budget.exact {
+        budget.prompt
+    } else if e.prompt_exact {
+        e.prompt
+    } else {
+        match (e.prompt, budget.prompt) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        }
+    }?;
+    let too_long = e.prompt_exceeds || budget.too_long || (budget.exact && prompt >= context);
+    if too_long {
+        return Some(errors::prompt_too_long(budget.dialect, prompt, context));
+    }
+    Some(errors::prompt_and_cap_too_long(
+        budget.dialect,
+        prompt,
+        cap?,
+        context,
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::Value;
+
+    fn budget(dialect: Dialect) -> Budget {
+        Budget {
+            dialect,
+            backend: Backend::Vllm,
+            prompt: Some(3000),
+            exact: true,
+            too_long: false,
+            context: Some(4096),
+            cap: Some(1096),
+            window_cap: None,
+        }
+    }
+
+    fn message(body: &[u8]) -> String {
+        let v: Value = serde_json::from_slice(body).unwrap();
+        v["error"]["message"].as_str().unwrap().to_string()
+    }
+
+    const V32_PROMPT: &str = r#"{"error":{"message":"This model's maximum context length is 4096 tokens. However, your prompt contains at least 4097 input tokens, which exceeds this limit even without any output tokens. Please reduce the length of the input prompt. (parameter=input_tokens, value=4097)","type":"BadRequestError","param":"input_tokens","code":400}}"#;
+    const V32_CAP: &str = r#"{"type":"error","error":{"type":"BadRequestError","message":"max_tokens=32000 cannot be greater than max_model_len=4096. Please request fewer output tokens. (parameter=max_tokens, value=32000)"}}"#;
+
+    fn translated(b: &Budget, body: &str) -> Option<String> {
+        let e = window::parse(b.backend, body.as_bytes())?;
+        translate(b, &e).map(|t| message(&t))
+    }
+
+    #[test]
+    fn prompt_too_long_when_known() {
+        // The server says the prompt alone is too long; P: the estimate beats its lower bound.
+        let b = Budget {
+            prompt: Some(5200),
+            exact: false,
+            ..budget(Dialect::Anthropic)
+        };
+        assert_eq!(
+            translated(&b, V32_PROMPT).unwrap(),
+            "prompt is too long: 5200 tokens > 4096 maximum"
+        );
+        // ... and the lower bound beats a smaller estimate.
+        let b = Budget {
+            prompt: Some(3900),
+            ..b
+        };
+        assert_eq!(
+            translated(&b, V32_PROMPT).unwrap(),
+            "prompt is too long: 4097 tokens > 4096 maximum"
+        );
+        // The counter refused the prompt as too long: the cap error (checked first by vLLM)
+        // still means "prompt too long".
+        let b = Budget {
+            too_long: true,
+            prompt: Some(5009),
+            exact: false,
+            cap: Some(32000),
+            ..budget(Dialect::Anthropic)
+        };
+        assert_eq!(
+            translated(&b, V32_CAP).unwrap(),
+            "prompt is too long: 5009 tokens > 4096 maximum"
+        );
+        // An exact P ≥ C.
+        let b = Budget {
+            prompt: Some(4500),
+            cap: Some(32000),
+            ..budget(Dialect::Anthropic)
+        };
+        assert_eq!(
+            translated(&b, V32_CAP).unwrap(),
+            "prompt is too long: 4500 tokens > 4096 maximum"
+        );
+        // OpenAI dialects.
+        let o = Budget {
+            prompt: Some(4500),
+            ..budget(Dialect::OpenAi)
+        };
+        let t = translate(
+            &o,
+            &window::parse(Backend::Vllm, V32_PROMPT.as_bytes()).unwrap(),
+        )
+        .unwrap();
+        let v: Value = serde_json::from_slice(&t).unwrap();
+        assert_eq!(v["error"]["code"], "context_length_exceeded");
+        assert_eq!(v["error"]["param"], "messages");
+        assert!(message(&t).contains("resulted in 4500 tokens."));
+        let r = Budget {
+            dialect: Dialect::Responses,
+            ..o
+        };
+        let t = translate(
+            &r,
+            &window::parse(Backend::Vllm, V32_PROMPT.as_bytes()).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(
+            serde_json::from_slice::<Value>(&t).unwrap()["error"]["param"],
+            "input"
+        );
+    }
+
+    #[test]
+    fn prompt_and_cap_otherwise() {
+        // An exact P below C with a cap too large for the window.
+        let b = Budget {
+            cap: Some(32000),
+            ..budget(Dialect::Anthropic)
+        };
+        assert_eq!(
+            translated(&b, V32_CAP).unwrap(),
+            "input length and `max_tokens` exceed context limit: 3000 + 32000 > 4096, decrease input length or `max_tokens` and try again"
+        );
+        // vLLM 0.31: its lower bound, with an estimate below it; the cap and window it names.
+        let b = Budget {
+            prompt: Some(250),
+            exact: false,
+            context: None,
+            cap: None,
+            ..budget(Dialect::OpenAi)
+        };
+        let body = r#"{"error":{"message":"This model's maximum context length is 512 tokens. However, you requested 200 output tokens and your prompt contains at least 313 input tokens, for a total of at least 513 tokens. Please reduce the length of the input prompt or the number of requested output tokens. (parameter=input_tokens, value=313)","type":"BadRequestError","param":"input_tokens","code":400}}"#;
+        assert_eq!(
+            translated(&b, body).unwrap(),
+            "This model's maximum context length is 512 tokens. However, your messages resulted in 513 tokens (313 in the messages, 200 in the completion). Please reduce the length of the messages or completion."
+        );
+        // vLLM 0.11's completions: the limit named is C − B; C from the filter, else limit + B.
+        let body = r#"{"error":{"message":"This model's maximum context length is 312 tokens. However, your request has 430 input tokens. Please reduce the length of the input messages.","type":"BadRequestError","param":null,"code":400}}"#;
+        let b = Budget {
+            prompt: Some(430),
+            cap: Some(200),
+            context: None,
+            ..budget(Dialect::OpenAi)
+        };
+        assert!(translated(&b, body).unwrap().starts_with("This model's maximum context length is 512 tokens. However, your messages resulted in 630 tokens (430 in the messages, 200"));
+        // Nothing names C: unchanged.
+        let b = Budget { cap: None, ..b };
+        assert_eq!(translated(&b, body), None);
+    }
+
+    #[test]
+    fn other_backends() {
+        let b = Budget {
+            backend: Backend::Llamacpp,
+            prompt: Some(5000),
+            ..budget(Dialect::Anthropic)
+        };
+        let body = r#"{"error":{"code":400,"message":"request (5000 tokens) exceeds the available context size (4096 tokens), try increasing it","type":"exceed_context_size_error","n_prompt_tokens":5000,"n_ctx":4096}}"#;
+        assert_eq!(
+            translated(&b, body).unwrap(),
+            "prompt is too long: 5000 tokens > 4096 maximum"
+        );
+        // Another backend's wording is not this backend's window error.
+        assert_eq!(
+            translated(
+                &Budget {
+                    backend: Backend::Vllm,
+                    ..b.clone()
+                },
+                body
+            ),
+            None
+        );
+        let s = Budget {
+            backend: Backend::Sglang,
+            cap: Some(200),
+            prompt: Some(430),
+            ..budget(Dialect::OpenAi)
+        };
+        let body = r#"{"object":"error","message":"Requested token count exceeds the model's maximum context length of 512 tokens. You requested a total of 630 tokens: 430 tokens from the input messages and 200 tokens for the completion. Please reduce the number of tokens in the input messages or the completion to fit within the limit.","type":"BadRequestError","param":null,"code":400}"#;
+        assert!(translated(&s, body)
+            .unwrap()
+            .contains("resulted in 630 tokens (430 in the messages, 200 in the completion)"));
+    }
+
+    fn head(status: u16, content_type: &'static str) -> Head<'static> {
+        Head {
+            status: Some(status),
+            content_type: Some(content_type),
+            ..Head::default()
+        }
+    }
+
+    #[test]
+    fn which_answers_are_held_or_watched() {
+        let b = budget(Dialect::Anthropic);
+        let mut r = Response::default();
+        assert_eq!(
+            r.on_headers(Some(&b), true, &head(400, "application/json")),
+            HeadStep::Hold
+        );
+        assert_eq!(
+            r.on_headers(
+                Some(&b),
+                true,
+                &head(404, "application/json; charset=utf-8")
+            ),
+            HeadStep::Hold
+        );
+        // Not budgeted, translation off, not an error, 5xx, encoded, too large, HTML, no body.
+        assert_eq!(
+            r.on_headers(None, true, &head(400, "application/json")),
+            HeadStep::Pass
+        );
+        assert_eq!(
+            r.on_headers(Some(&b), false, &head(400, "application/json")),
+            HeadStep::Pass
+        );
+        assert_eq!(
+            r.on_headers(Some(&b), true, &head(200, "application/json")),
+            HeadStep::Pass
+        );
+        assert_eq!(
+            r.on_headers(Some(&b), true, &head(500, "application/json")),
+            HeadStep::Pass
+        );
+        let gz = Head {
+            content_encoding: Some("gzip"),
+            ..head(400, "application/json")
+        };
+        assert_eq!(r.on_headers(Some(&b), true, &gz), HeadStep::Pass);
+        let big = Head {
+            content_length: Some("65537"),
+            ..head(400, "application/json")
+        };
+        assert_eq!(r.on_headers(Some(&b), true, &big), HeadStep::Pass);
+        let fits = Head {
+            content_length: Some("65536"),
+            ..head(400, "application/json")
+        };
+        assert_eq!(r.on_headers(Some(&b), true, &fits), HeadStep::Hold);
+        assert_eq!(
+            r.on_headers(Some(&b), true, &head(400, "text/html")),
+            HeadStep::Pass
+        );
+        let empty = Head {
+            end_of_stream: true,
+            ..head(400, "application/json")
+        };
+        assert_eq!(r.on_headers(Some(&b), true, &empty), HeadStep::Pass);
+        // The window wrote the cap: Anthropic answers are watched, JSON and SSE alike.
+        let w = Budget {
+            window_cap: Some(1096),
+            ..b.clone()
+        };
+        assert_eq!(
+            r.on_headers(Some(&w), true, &head(200, "application/json")),
+            HeadStep::Watch
+        );
+        assert_eq!(
+            r.on_headers(
+                Some(&w),
+                true,
+                &head(200, "text/event-stream; charset=utf-8")
+            ),
+            HeadStep::Watch
+        );
+        assert_eq!(
+            r.on_headers(Some(&w), true, &head(200, "text/plain")),
+            HeadStep::Pass
+        );
+        let o = Budget {
+            dialect: Dialect::OpenAi,
+            ..w
+        };
+        assert_eq!(
+            r.on_headers(Some(&o), true, &head(200, "text/event-stream")),
+            HeadStep::Pass
+        );
+    }
+
+    #[test]
+    fn error_bodies_buffered_up_to_the_bound() {
+        let b = Budget {
+            cap: Some(32000),
+            ..budget(Dialect::Anthropic)
+        };
+        let mut r = Response::default();
+        r.on_headers(Some(&b), true, &head(400, "application/json"));
+        assert_eq!(r.on_body(10, false), BodyStep::Buffer);
+        assert_eq!(r.on_body(V32_CAP.len(), true), BodyStep::Read);
+        let d = r.on_data(Some(&b), V32_CAP.as_bytes(), true);
+        assert!(matches!(d.edit, Edit::Replace(_)));
+        assert_eq!(d.translated.unwrap().context, Some(4096));
+        // Larger than the bound: everything buffered passes.
+        let mut r = Response::default();
+        r.on_headers(Some(&b), true, &head(400, "application/json"));
+        assert_eq!(r.on_body(MAX_ERROR_BYTES + 1, false), BodyStep::Continue);
+        assert_eq!(r.on_body(MAX_ERROR_BYTES + 9, true), BodyStep::Continue);
+        // Not a window error, a look-alike, not JSON: unchanged.
+        for body in [
+            r#"{"error":{"message":"temperature must be positive","type":"BadRequestError","code":400}}"#,
+            r#"{"error":{"message":"This model's maximum context length is 4096 tokens.","code":400}}"#,
+            "<html>bad request</html>",
+            "",
+        ] {
+            let mut r = Response::default();
+            r.on_headers(Some(&b), true, &head(400, "application/json"));
+            assert_eq!(r.on_body(body.len(), true), BodyStep::Read);
+            assert_eq!(
+                r.on_data(Some(&b), body.as_bytes(), true),
+                Data::keep(),
+                "{body}"
+            );
+        }
+    }
+}

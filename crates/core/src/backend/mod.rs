@@ -9,6 +9,7 @@ mod vllm;
 use crate::config::{Backend, Config};
 use crate::dialect::Form;
 use crate::request::Request;
+use crate::response::window::{message, WindowError};
 use crate::tokenize::Failure;
 use serde_json::Value;
 
@@ -61,6 +62,16 @@ fn post(path: &str, body: Vec<u8>, kind: CallKind) -> Call {
         path: path.to_string(),
         body: Some(body),
         kind,
+    }
+}
+
+/// The window error in a server's error body (its JSON), by `backend`'s wording (docs/spec.md
+/// §13); `None` for any other error.
+pub fn window_error(backend: Backend, body: &Value) -> Option<WindowError> {
+    match backend {
+        Backend::Vllm => vllm::window_error(message(body)?),
+        Backend::Sglang => sglang::window_error(message(body)?),
+        Backend::Llamacpp => llamacpp::window_error(body),
     }
 }
 

@@ -7,6 +7,7 @@ use super::{get, object, post, status_ok, Call, CallKind, Counted, MODELS_PATH};
 use crate::config::{Config, TokenizerConfig};
 use crate::dialect::{payload, responses, Form};
 use crate::request::Request;
+use crate::response::window::{matches, Capture, Piece::*, WindowError};
 use crate::tokenize::{check_context, Failure};
 use serde_json::Value;
 
@@ -60,4 +61,251 @@ pub(super) fn parse_tokenize(
         count: reply.count,
         window: Some(reply.max_model_len),
     })
+}
+
+// Window errors (docs/spec.md §13), as vLLM 0.32, 0.31 and 0.11 word them: their `message`, on
+// every path (vLLM answers `/v1/messages` with the same text).
+
+const MAX_MODEL_LEN: &str = "This model's maximum context length is ";
+const CAPS: &[&str] = &["max_tokens", "max_completion_tokens", "max_output_tokens"];
+
+fn prompt(c: Capture) -> (Option<u64>, bool) {
+    (Some(c.value), !c.at_least)
+}
+
+/// The window error in a vLLM error message.
+pub(super) fn window_error(message: &str) -> Option<WindowError> {
+    // 0.32 and 0.31: the prompt alone is longer than the window.
+    if let Some(c) = matches(
+        message,
+        &[
+            Text(MAX_MODEL_LEN),
+            Num,
+            Text(" tokens. However, your prompt contains "),
+            AtLeast,
+            Text(" input tokens, which exceeds this limit even without any output tokens."),
+        ],
+    ) {
+        let (prompt, prompt_exact) = prompt(c[1]);
+        return Some(WindowError {
+            context: Some(c[0].value),
+            prompt,
+            prompt_exact,
+            prompt_exceeds: true,
+            ..WindowError::default()
+        });
+    }
+    // 0.32: the prompt text has more characters than the window's tokens could cover.
+    if let Some(c) = matches(
+        message,
+        &[
+            Text(MAX_MODEL_LEN),
+            Num,
+            Text(" tokens. However, your prompt contains "),
+            Num,
+            Text(" characters (more than "),
+            Num,
+            Text(" characters, which is the upper bound for "),
+            Num,
+            Text(" input tokens)."),
+        ],
+    ) {
+        return Some(WindowError {
+            context: Some(c[0].value),
+            prompt: Some(c[3].value.saturating_add(1)),
+            prompt_exact: false,
+            prompt_exceeds: true,
+            ..WindowError::default()
+        });
+    }
+    // 0.31 and 0.32: the cap alone is larger than the window (checked before the prompt).
+    if let Some(c) = matches(
+        message,
+        &[
+            OneOf(CAPS),
+            Text("="),
+            Num,
+            Text(" cannot be greater than max_model_len="),
+            Num,
+            Text(". Please request fewer output tokens."),
+        ],
+    ) {
+        return Some(WindowError {
+            context: Some(c[2].value),
+            cap: Some(c[1].value),
+            ..WindowError::default()
+        });
+    }
+    // 0.31: prompt + cap exceed the window.
+    if let Some(c) = matches(
+        message,
+        &[
+            Text(MAX_MODEL_LEN),
+            Num,
+            Text(" tokens. However, you requested "),
+            Num,
+            Text(" output tokens and your prompt contains "),
+            AtLeast,
+            Text(" input tokens, for a total of "),
+            AtLeast,
+            Text(" tokens. Please reduce the length of the input prompt or the number of requested output tokens."),
+        ],
+    ) {
+        let (prompt, prompt_exact) = prompt(c[2]);
+        return Some(WindowError {
+            context: Some(c[0].value),
+            prompt,
+            prompt_exact,
+            cap: Some(c[1].value),
+            ..WindowError::default()
+        });
+    }
+    // 0.32: the engine's own check of the prompt.
+    if let Some(c) = matches(
+        message,
+        &[
+            Text("Input length ("),
+            Num,
+            Text(") exceeds model's maximum context length ("),
+            Num,
+            Text(")."),
+        ],
+    ) {
+        return Some(WindowError {
+            context: Some(c[1].value),
+            prompt: Some(c[0].value),
+            prompt_exact: true,
+            prompt_exceeds: true,
+            ..WindowError::default()
+        });
+    }
+    // 0.11 chat: prompt + cap exceed the window.
+    if let Some(c) = matches(
+        message,
+        &[
+            Text("'max_tokens' or 'max_completion_tokens' is too large: "),
+            Num,
+            Text(". "),
+            Text(MAX_MODEL_LEN),
+            Num,
+            Text(" tokens and your request has "),
+            Num,
+            Text(" input tokens ("),
+            Num,
+            Text(" > "),
+            Num,
+            Text(" - "),
+            Num,
+            Text(")."),
+        ],
+    ) {
+        return Some(WindowError {
+            context: Some(c[1].value),
+            prompt: Some(c[2].value),
+            prompt_exact: true,
+            cap: Some(c[0].value),
+            ..WindowError::default()
+        });
+    }
+    // 0.11: the prompt is longer than the limit it was checked against — the window in
+    // chat, the window less the cap in completions; which one, the message does not say.
+    if let Some(c) = matches(
+        message,
+        &[
+            Text(MAX_MODEL_LEN),
+            Num,
+            Text(" tokens. However, your request has "),
+            Num,
+            Text(" input tokens. Please reduce the length of the input messages."),
+        ],
+    ) {
+        return Some(WindowError {
+            limit: Some(c[0].value),
+            prompt: Some(c[1].value),
+            prompt_exact: true,
+            ..WindowError::default()
+        });
+    }
+    None
+}
+
+#[cfg(test)]
+mod window_tests {
+    use super::*;
+
+    fn e(message: &str) -> WindowError {
+        window_error(message).unwrap_or_else(|| panic!("not recognised: {message}"))
+    }
+
+    #[test]
+    fn vllm_0_32_prompt_too_long() {
+        let w = e("This model's maximum context length is 4096 tokens. However, your prompt contains at least 4097 input tokens, which exceeds this limit even without any output tokens. Please reduce the length of the input prompt. (parameter=input_tokens, value=4097)");
+        assert_eq!(w.context, Some(4096));
+        assert_eq!(
+            (w.prompt, w.prompt_exact, w.prompt_exceeds),
+            (Some(4097), false, true)
+        );
+        let w = e("This model's maximum context length is 4096 tokens. However, your prompt contains 5009 input tokens, which exceeds this limit even without any output tokens. Please reduce the length of the input prompt.");
+        assert_eq!((w.prompt, w.prompt_exact), (Some(5009), true));
+        let w = e("This model's maximum context length is 4096 tokens. However, your prompt contains 90000 characters (more than 81920 characters, which is the upper bound for 4096 input tokens). Please reduce the length of the input prompt. (parameter=input_text, value=90000)");
+        assert_eq!(
+            (w.context, w.prompt, w.prompt_exact, w.prompt_exceeds),
+            (Some(4096), Some(4097), false, true)
+        );
+        let w = e("Input length (5000) exceeds model's maximum context length (4096).");
+        assert_eq!(
+            (w.context, w.prompt, w.prompt_exact, w.prompt_exceeds),
+            (Some(4096), Some(5000), true, true)
+        );
+    }
+
+    #[test]
+    fn vllm_cap_alone_each_field() {
+        for (i, field) in CAPS.iter().enumerate() {
+            let w = e(&format!("{field}=32000 cannot be greater than max_model_len=4096. Please request fewer output tokens. (parameter={field}, value=32000)"));
+            assert_eq!(
+                (w.context, w.cap, w.prompt, w.prompt_exceeds),
+                (Some(4096), Some(32000), None, false),
+                "{i}"
+            );
+        }
+    }
+
+    #[test]
+    fn vllm_0_31_prompt_plus_cap() {
+        let w = e("This model's maximum context length is 512 tokens. However, you requested 200 output tokens and your prompt contains at least 313 input tokens, for a total of at least 513 tokens. Please reduce the length of the input prompt or the number of requested output tokens. (parameter=input_tokens, value=313)");
+        assert_eq!(
+            (w.context, w.cap, w.prompt, w.prompt_exact, w.prompt_exceeds),
+            (Some(512), Some(200), Some(313), false, false)
+        );
+    }
+
+    #[test]
+    fn vllm_0_11() {
+        let w = e("'max_tokens' or 'max_completion_tokens' is too large: 200. This model's maximum context length is 512 tokens and your request has 430 input tokens (200 > 512 - 430).");
+        assert_eq!(
+            (w.context, w.cap, w.prompt, w.prompt_exact),
+            (Some(512), Some(200), Some(430), true)
+        );
+        let w = e("This model's maximum context length is 312 tokens. However, your request has 430 input tokens. Please reduce the length of the input messages.");
+        assert_eq!(
+            (w.context, w.limit, w.prompt, w.prompt_exceeds),
+            (None, Some(312), Some(430), false)
+        );
+    }
+
+    #[test]
+    fn look_alikes_are_not_window_errors() {
+        for m in [
+            "truncate_prompt_tokens=5000 cannot be greater than max_model_len = 4096. Please request a smaller truncation size.",
+            "This model's maximum context length is 4096 tokens.",
+            "This model's maximum context length is 4096 tokens. However, your prompt contains many input tokens, which exceeds this limit even without any output tokens.",
+            "max_tokens=-1 cannot be greater than max_model_len=4096. Please request fewer output tokens.",
+            "temperature=5 cannot be greater than max_model_len=4096. Please request fewer output tokens.",
+            "Error: This model's maximum context length is 4096 tokens. However, your prompt contains 5000 input tokens, which exceeds this limit even without any output tokens.",
+            "",
+        ] {
+            assert_eq!(window_error(m), None, "{m}");
+        }
+    }
 }

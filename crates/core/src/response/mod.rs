@@ -9,13 +9,10 @@
 //! * the window the server named is learned (the flow stores it).
 //!
 //! Successful answers are never held: only error answers are buffered, and only those of
-//! budgeted requests. Each backend's wordings are in its own module.
+//! budgeted requests. Each backend's wordings are in its own module (`backend::vllm`, `sglang`, `llamacpp`).
 
 pub mod errors;
-mod llamacpp;
-mod sglang;
 pub mod stop;
-mod vllm;
 pub mod window;
 
 pub use errors::Dialect;

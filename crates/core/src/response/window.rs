@@ -1,7 +1,7 @@
 //! A server's window error (docs/spec.md §13): what the server said about the window, read
 //! from a 4xx body by the wording of the backend that answered. Each backend's wordings live
-//! in its own module (`vllm`, `sglang`, `llamacpp`); this module holds what they share: the
-//! error's facts, where the message sits in the body, and a small template matcher.
+//! in its module (`backend::vllm`, `sglang`, `llamacpp`); this module holds what they share:
+//! the error's facts, where the message sits in the body, and a small template matcher.
 
 use crate::config::Backend;
 use serde_json::Value;
@@ -28,11 +28,7 @@ pub struct WindowError {
 /// body (other errors, look-alikes, bodies that are not JSON).
 pub fn parse(backend: Backend, body: &[u8]) -> Option<WindowError> {
     let value: Value = serde_json::from_slice(body).ok()?;
-    match backend {
-        Backend::Vllm => super::vllm::window_error(message(&value)?),
-        Backend::Sglang => super::sglang::window_error(message(&value)?),
-        Backend::Llamacpp => super::llamacpp::window_error(&value),
-    }
+    crate::backend::window_error(backend, &value)
 }
 
 /// The error message: `error.message` (OpenAI's shape, and Anthropic's, which vLLM also

@@ -47,12 +47,19 @@ pub fn decode(hash: u128, value: &[u8]) -> Option<Reply> {
     })
 }
 
-pub fn encode_context(c: u64) -> [u8; 8] {
-    c.to_le_bytes()
+/// A learned context length and when it was learned (the host's clock, ms).
+pub fn encode_context(c: u64, at_ms: u64) -> [u8; 16] {
+    let mut out = [0u8; 16];
+    out[..8].copy_from_slice(&c.to_le_bytes());
+    out[8..].copy_from_slice(&at_ms.to_le_bytes());
+    out
 }
 
-pub fn decode_context(value: &[u8]) -> Option<u64> {
-    Some(u64::from_le_bytes(value.try_into().ok()?)).filter(|c| *c > 0)
+pub fn decode_context(value: &[u8]) -> Option<(u64, u64)> {
+    let bytes: &[u8; 16] = value.try_into().ok()?;
+    let (c, at) = bytes.split_at(8);
+    let c = u64::from_le_bytes(c.try_into().ok()?);
+    (c > 0).then_some((c, u64::from_le_bytes(at.try_into().ok()?)))
 }
 
 #[cfg(test)]
@@ -69,8 +76,8 @@ mod tests {
         assert_eq!(decode(42, &v), Some(r));
         assert_eq!(decode(43, &v), None);
         assert_eq!(decode(42, &v[..31]), None);
-        assert_eq!(decode_context(&encode_context(512)), Some(512));
-        assert_eq!(decode_context(&encode_context(0)), None);
+        assert_eq!(decode_context(&encode_context(512, 7)), Some((512, 7)));
+        assert_eq!(decode_context(&encode_context(0, 7)), None);
         assert_eq!(decode_context(b"abc"), None);
     }
 

@@ -81,6 +81,10 @@ pub struct Config {
     pub exclude_tools_when_tool_choice_none: bool,
     /// Skip the count where a bound proves the outcome (docs/spec.md §15; vLLM only).
     pub skip_count: bool,
+    /// Translate the server's window errors into the client dialect's (docs/spec.md §13).
+    pub translate_errors: bool,
+    /// How long a learned window no count call refreshes is trusted.
+    pub window_ttl_ms: u64,
 }
 
 /// A configuration error; `field` names the offending key (dotted path).
@@ -138,6 +142,8 @@ struct RawConfig {
     estimate_constrained: Option<Value>,
     exclude_tools_when_tool_choice_none: Option<Value>,
     skip_count: Option<Value>,
+    translate_errors: Option<Value>,
+    window_ttl_ms: Option<Value>,
 }
 
 pub const DEFAULT_MIN_OUTPUT_TOKENS: u64 = 4096;
@@ -145,6 +151,7 @@ pub const DEFAULT_FALLBACK_MARGIN_TOKENS: u64 = 1024;
 pub const DEFAULT_CACHE_ENTRIES: u32 = 4096;
 pub const DEFAULT_MAX_BODY_BYTES: usize = 8 * 1024 * 1024;
 pub const DEFAULT_TIMEOUT_MS: u64 = 30_000;
+pub const DEFAULT_WINDOW_TTL_MS: u64 = 60_000;
 pub const DEFAULT_PATH: &str = "/tokenize";
 
 /// Serde reports an unknown key as "unknown field `x`, expected ..."; turn it into our error.
@@ -363,6 +370,9 @@ impl Config {
             raw.exclude_tools_when_tool_choice_none,
             false,
         )?;
+        let translate_errors = boolean("translate_errors", raw.translate_errors, true)?;
+        let window_ttl_ms =
+            positive("window_ttl_ms", raw.window_ttl_ms)?.unwrap_or(DEFAULT_WINDOW_TTL_MS);
         if exclude_tools_when_tool_choice_none && tokenizer.backend != Backend::Vllm {
             return Err(err(
                 "exclude_tools_when_tool_choice_none",
@@ -390,6 +400,8 @@ impl Config {
             estimate_constrained,
             exclude_tools_when_tool_choice_none,
             skip_count,
+            translate_errors,
+            window_ttl_ms,
         };
         config.check_window()?;
         Ok(config)
@@ -530,6 +542,8 @@ mod tests {
         assert_eq!(c.max_body_bytes, 8 * 1024 * 1024);
         assert_eq!(c.on_insufficient, OnInsufficient::Passthrough);
         assert!(c.response_headers);
+        assert!(c.translate_errors);
+        assert_eq!(c.window_ttl_ms, 60_000);
         assert_eq!(c.window(), None);
         assert!(c.accepts_model(Some("anything")));
     }
@@ -612,6 +626,14 @@ mod tests {
         assert_eq!(
             field_of(r#"{"tokenizer":{"cluster":"v"},"response_headers":"yes"}"#),
             "response_headers"
+        );
+        assert_eq!(
+            field_of(r#"{"tokenizer":{"cluster":"v"},"translate_errors":1}"#),
+            "translate_errors"
+        );
+        assert_eq!(
+            field_of(r#"{"tokenizer":{"cluster":"v"},"window_ttl_ms":0}"#),
+            "window_ttl_ms"
         );
         assert_eq!(
             field_of(r#"{"tokenizer":{"cluster":"v"},"model":[]}"#),

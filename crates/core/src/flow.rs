@@ -14,12 +14,13 @@ pub use crate::backend::Call;
 use crate::backend::{self, CallKind, Counted};
 use crate::bound;
 use crate::cache;
-use crate::config::{Backend, Config};
+use crate::config::{Backend, Config, OnInsufficient};
 use crate::dialect::{classify_path, Endpoint, Form};
-use crate::plan::{decide, Count, Outcome, Source};
+use crate::plan::{decide, Count, Decision, Outcome, Source};
 use crate::reason::Reason;
 use crate::report::Report;
 use crate::request::{analyze_at, Counting, Request};
+use crate::response::{self, Budget, Dialect, Response, WindowError};
 use crate::rewrite::Edit;
 use crate::tokenize::{cache_key, Failure, Reply};
 use std::cell::Cell;
@@ -47,6 +48,10 @@ pub enum Metric {
     BoundChecks,
     /// A check whose count exceeded the bound: skipping is off for that route.
     BoundViolations,
+    /// A server's window error reached the client as its dialect's (docs/spec.md §13).
+    Translated,
+    /// An Anthropic answer ended by the window reports `model_context_window_exceeded`.
+    WindowStop,
 }
 
 /// What the flow measures (Envoy histograms).
@@ -112,16 +117,42 @@ impl Plugin {
             && req.truncate.is_none()
     }
 
-    /// The context length learned for `model` behind this plugin's tokenizer.
-    fn learned(&self, host: &mut dyn Host, model: &str) -> Option<u64> {
-        cache::decode_context(&host.get_shared(&cache::model_key(&self.scope, model))?)
+    /// The context length learned for `model` behind this plugin's tokenizer, and whether it
+    /// is fresh (learned or confirmed within `window_ttl_ms`).
+    fn learned_at(&self, host: &mut dyn Host, model: &str) -> Option<(u64, bool)> {
+        let (c, at) =
+            cache::decode_context(&host.get_shared(&cache::model_key(&self.scope, model))?)?;
+        // A host without a clock keeps every learned window fresh.
+        let age = host.now_ms().map_or(0, |now| now.saturating_sub(at));
+        Some((c, age <= self.config.window_ttl_ms))
     }
 
+    /// The learned context length, fresh or not (better than none for a decision).
+    fn learned(&self, host: &mut dyn Host, model: &str) -> Option<u64> {
+        self.learned_at(host, model).map(|(c, _)| c)
+    }
+
+    /// A fresh learned context length (a stale one is learned again).
+    fn learned_fresh(&self, host: &mut dyn Host, model: &str) -> Option<u64> {
+        self.learned_at(host, model)
+            .filter(|(_, fresh)| *fresh)
+            .map(|(c, _)| c)
+    }
+
+    /// Learns (or confirms) C for `model`: written when it changed or when the stored one is
+    /// half its lifetime old, so a count that reports the window keeps it fresh.
     fn learn(&self, host: &mut dyn Host, model: &str, c: u64) {
-        if self.learned(host, model) != Some(c) {
+        let now = host.now_ms().unwrap_or(0);
+        let current = host
+            .get_shared(&cache::model_key(&self.scope, model))
+            .and_then(|v| cache::decode_context(&v));
+        let keep = current.is_some_and(|(old, at)| {
+            old == c && now.saturating_sub(at) <= self.config.window_ttl_ms / 2
+        });
+        if !keep {
             host.set_shared(
                 &cache::model_key(&self.scope, model),
-                &cache::encode_context(c),
+                &cache::encode_context(c, now),
             );
         }
     }
@@ -254,6 +285,9 @@ pub struct Exchange {
     report: Option<Report>,
     /// The report went out with a local reply.
     replied: bool,
+    /// What the request side knew, for the answer (set once the flow decided with a count).
+    budget: Option<Budget>,
+    response: Response,
 }
 
 impl Default for Exchange {
@@ -269,6 +303,8 @@ impl Exchange {
             endpoint: Endpoint::OpenAi,
             report: None,
             replied: false,
+            budget: None,
+            response: Response::default(),
         }
     }
 
@@ -414,6 +450,13 @@ impl Exchange {
                 .is_none_or(|c| crate::tokenize::check_context(c, config.context_length).is_ok());
             if valid {
                 host.increment(Metric::CacheHits);
+                // The server's window may have changed since the count was stored.
+                let window = match (window, config.context_length) {
+                    (Some(c), None) => plugin
+                        .learned_fresh(host, &req.model_name(&body))
+                        .or(Some(c)),
+                    _ => window,
+                };
                 let count = Count {
                     tokens: reply.count,
                     source: Source::Cache,
@@ -446,7 +489,7 @@ impl Exchange {
         }
         let needs_window = !backend::count_reports_window(config, pending.req.form)
             && config.context_length.is_none()
-            && plugin.learned(host, &pending.model).is_none();
+            && plugin.learned_fresh(host, &pending.model).is_none();
         if needs_window {
             let call = backend::window_call(config);
             if let Some(token) = self.dispatch(plugin, host, &call) {
@@ -551,6 +594,21 @@ impl Exchange {
             }
         }
         self.unchanged(host, Reason::Fits, Some((p_hi, Source::Bound)));
+        // P_hi is an upper bound: an answer's window error is read with the estimate.
+        let config = &plugin.config;
+        self.budget = Some(Budget {
+            dialect: Dialect::of(pending.req.form),
+            backend: config.tokenizer.backend,
+            model: pending.model.clone(),
+            prompt: pending.req.estimate(&pending.body),
+            exact: false,
+            too_long: false,
+            context: config
+                .context_length
+                .or_else(|| plugin.learned(host, &pending.model)),
+            cap: pending.req.cap.map(|c| c.value),
+            window_cap: None,
+        });
         self.state = State::Skipped {
             pending,
             bound: p_hi,
@@ -628,6 +686,9 @@ impl Exchange {
                 }
                 let counted =
                     answer.read(|b| backend::parse_count(&plugin.config, kind, answer.status, b));
+                if let Some(e) = refusal(plugin, answer, &counted) {
+                    return Some(Answered::TooLong(pending, e));
+                }
                 Some(Answered::Count(pending, counted))
             }
             State::Checking {
@@ -671,6 +732,7 @@ impl Exchange {
             Answered::Window(pending) => self.dispatch_count(plugin, host, pending),
             Answered::Count(pending, Ok(counted)) => self.counted(plugin, host, pending, counted),
             Answered::Count(pending, Err(failure)) => self.failed(plugin, host, failure, pending),
+            Answered::TooLong(pending, e) => self.too_long(plugin, host, pending, e),
         })
     }
 
@@ -795,6 +857,7 @@ impl Exchange {
             _ => None,
         };
         let decision = decide(req, &body, config, count, learned);
+        self.budget = Some(budget_of(config, req, &body, &decision, count, learned));
         let counted = Some((decision.prompt, decision.source));
         self.state = State::Passing;
         let outcome = match decision.outcome {
@@ -846,6 +909,117 @@ impl Exchange {
             }
         };
         Step::Done(outcome)
+    }
+
+    /// The counter refused the prompt as longer than the window (docs/spec.md §13): reject
+    /// mode answers the dialect's error itself; otherwise the request goes on unchanged and
+    /// the server's answer is translated.
+    fn too_long(
+        &mut self,
+        plugin: &Plugin,
+        host: &mut dyn Host,
+        pending: Box<Pending>,
+        e: WindowError,
+    ) -> Step {
+        let config = &plugin.config;
+        learn_refused(plugin, host, &pending.model, &e);
+        let Pending { req, body, .. } = *pending;
+        let prompt = match (e.prompt, req.estimate(&body)) {
+            (Some(a), Some(b)) => a.max(b),
+            (a, b) => a.or(b).unwrap_or(0),
+        };
+        let windows = crate::plan::window(config, e.context).ok();
+        let caller = req.cap.map(|c| c.value);
+        self.budget = Some(Budget {
+            dialect: Dialect::of(req.form),
+            backend: config.tokenizer.backend,
+            model: req.model_name(&body),
+            prompt: Some(prompt),
+            exact: e.prompt_exact,
+            too_long: true,
+            context: windows.map(|(_, c)| c),
+            cap: caller,
+            window_cap: None,
+        });
+        self.state = State::Passing;
+        match windows {
+            Some((w, _)) if config.on_insufficient == OnInsufficient::Reject => {
+                let required = caller.map_or(config.min_output_tokens, |b| {
+                    b.min(config.min_output_tokens)
+                });
+                let value = i128::from(w) - i128::from(prompt);
+                host.increment(Metric::Rejected);
+                log::debug!("incontext: rejected prompt={prompt} (the counter: too long)");
+                self.report = Some(Report {
+                    action: "rejected",
+                    reason: None,
+                    prompt: Some(prompt),
+                    source: Some(Source::Exact),
+                    max_tokens: None,
+                });
+                let mut headers = vec![("content-type", "application/json".to_string())];
+                if config.response_headers {
+                    headers.extend(self.report_headers());
+                }
+                self.replied = true;
+                Step::Done(Action::Reply(LocalReply {
+                    status: 400,
+                    headers,
+                    body: req.form.reject_body(w, prompt, value, required),
+                }))
+            }
+            _ => {
+                self.unchanged(host, Reason::TooLong, Some((prompt, Source::Exact)));
+                Step::Done(Action::Continue)
+            }
+        }
+    }
+
+    /// The upstream's answer head (docs/spec.md §13): what to do with its body.
+    pub fn on_response_head(
+        &mut self,
+        plugin: &Plugin,
+        head: &response::Head,
+    ) -> response::HeadStep {
+        if self.replied {
+            return response::HeadStep::Pass;
+        }
+        self.response
+            .on_headers(self.budget.as_ref(), plugin.config.translate_errors, head)
+    }
+
+    /// An answer body chunk arrived; `size` is what the host buffered.
+    pub fn on_response_body(&mut self, size: usize, end_of_stream: bool) -> response::BodyStep {
+        self.response.on_body(size, end_of_stream)
+    }
+
+    /// The bytes [`response::BodyStep::Read`] asked for: what to send instead, if anything.
+    /// A translated window error teaches the window it names.
+    pub fn on_response_data(
+        &mut self,
+        plugin: &Plugin,
+        host: &mut dyn Host,
+        data: &[u8],
+        end_of_stream: bool,
+    ) -> response::Edit {
+        let out = self
+            .response
+            .on_data(self.budget.as_ref(), data, end_of_stream);
+        if let Some(e) = out.translated {
+            host.increment(Metric::Translated);
+            log::debug!("incontext: the server's window error translated");
+            if let (Some(c), None, Some(b)) = (
+                e.context,
+                plugin.config.context_length,
+                self.budget.as_ref(),
+            ) {
+                plugin.learn(host, &b.model, c);
+            }
+        }
+        if out.window_stop {
+            host.increment(Metric::WindowStop);
+        }
+        out.edit
     }
 
     /// Applying an outcome failed in the host (the body could not be replaced, the local
@@ -1023,7 +1197,10 @@ impl Orphan {
             OrphanCall::Window => learn_window(plugin, host, &self.model, answer),
             OrphanCall::Count(kind) => match count(kind) {
                 Ok(counted) => store(plugin, host, self.key, &self.model, self.link, counted),
-                Err(failure) => host.increment(Metric::Failure(failure)),
+                Err(failure) => match refusal(plugin, answer, &Err(failure)) {
+                    Some(e) => learn_refused(plugin, host, &self.model, &e),
+                    None => host.increment(Metric::Failure(failure)),
+                },
             },
             OrphanCall::Check(kind, bound) => checked(
                 plugin,
@@ -1039,12 +1216,81 @@ impl Orphan {
     }
 }
 
+/// The counter refused the prompt as longer than the window (vLLM's `count_tokens` and
+/// render answer 400 with the context-length message): the prompt is known to exceed C.
+fn refusal(
+    plugin: &Plugin,
+    answer: &Answer,
+    counted: &Result<Counted, Failure>,
+) -> Option<WindowError> {
+    if !matches!((counted, answer.status), (Err(Failure::Status), Some(400))) {
+        return None;
+    }
+    answer
+        .read(|b| Ok(response::window::parse(plugin.config.tokenizer.backend, b)))
+        .ok()
+        .flatten()
+        .filter(|e| e.prompt_exceeds)
+}
+
+/// The window a refusal names, learned.
+fn learn_refused(plugin: &Plugin, host: &mut dyn Host, model: &str, e: &WindowError) {
+    if let (Some(c), None) = (e.context, plugin.config.context_length) {
+        plugin.learn(host, model, c);
+    }
+}
+
 /// What an answer was for.
 enum Answered {
     Window(Box<Pending>),
     Count(Box<Pending>, Result<Counted, Failure>),
     /// The count of a skipped request, and its bound.
     Check(Box<Pending>, u64, Result<Counted, Failure>),
+    /// The counter refused the prompt as too long.
+    TooLong(Box<Pending>, WindowError),
+}
+
+/// What the answer side needs to know of a decided request (docs/spec.md §13).
+fn budget_of(
+    config: &Config,
+    req: &Request,
+    body: &[u8],
+    decision: &Decision,
+    count: Count,
+    learned: Option<u64>,
+) -> Budget {
+    let exact = count.source != Source::Estimate;
+    let windows = crate::plan::window(config, count.max_model_len.or(learned)).ok();
+    let context = windows.map(|(_, c)| c);
+    let caller = req.cap.map(|c| c.value);
+    let written = match decision.outcome {
+        Outcome::Rewrite { value, .. } => Some(value),
+        _ => None,
+    };
+    // The window, not the caller, set the cap: it is all the window left.
+    let window_cap = match (written, windows) {
+        (Some(v), Some((w, _))) if req.form == Form::Messages => {
+            let margin = if exact {
+                0
+            } else {
+                config.fallback_margin_tokens
+            };
+            let left = w.saturating_sub(decision.prompt).saturating_sub(margin);
+            (v == left && caller.is_none_or(|b| v < b)).then_some(v)
+        }
+        _ => None,
+    };
+    Budget {
+        dialect: Dialect::of(req.form),
+        backend: config.tokenizer.backend,
+        model: req.model_name(body),
+        prompt: Some(decision.prompt),
+        exact,
+        too_long: exact && context.is_some_and(|c| decision.prompt >= c),
+        context,
+        cap: written.or(caller),
+        window_cap,
+    }
 }
 
 #[cfg(test)]
@@ -1064,6 +1310,8 @@ mod tests {
         calls: Vec<Dispatched>,
         metrics: Vec<Metric>,
         refuse: bool,
+        /// The clock, in ms.
+        now: u64,
     }
 
     impl Host for FakeHost {
@@ -1093,6 +1341,9 @@ mod tests {
         }
         fn increment(&mut self, metric: Metric) {
             self.metrics.push(metric);
+        }
+        fn now_ms(&mut self) -> Option<u64> {
+            Some(self.now)
         }
     }
 
@@ -2061,5 +2312,467 @@ mod tests {
             v["max_tokens"], 500,
             "the window is /v1/models', not /tokenize's"
         );
+    }
+
+    /// Drives an answer through the exchange as the glue does (Envoy buffers while the flow
+    /// says so); what the client receives.
+    fn answer(
+        x: &mut Exchange,
+        p: &Plugin,
+        host: &mut FakeHost,
+        status: u16,
+        content_type: &'static str,
+        chunks: &[&[u8]],
+    ) -> (response::HeadStep, Vec<u8>) {
+        let head = response::Head {
+            status: Some(status),
+            content_type: Some(content_type),
+            ..response::Head::default()
+        };
+        let step = x.on_response_head(p, &head);
+        let mut out = Vec::new();
+        let mut buffered: Vec<u8> = Vec::new();
+        for (i, chunk) in chunks.iter().enumerate() {
+            let end = i + 1 == chunks.len();
+            buffered.extend_from_slice(chunk);
+            match x.on_response_body(buffered.len(), end) {
+                response::BodyStep::Continue => out.append(&mut buffered),
+                response::BodyStep::Buffer => {}
+                response::BodyStep::Read => match x.on_response_data(p, host, &buffered, end) {
+                    response::Edit::Keep => out.append(&mut buffered),
+                    response::Edit::Replace(r) => {
+                        out.extend_from_slice(&r);
+                        buffered.clear();
+                    }
+                },
+            }
+        }
+        (step, out)
+    }
+
+    fn error_message(body: &[u8]) -> String {
+        let v: serde_json::Value = serde_json::from_slice(body).unwrap();
+        v["error"]["message"].as_str().unwrap().to_string()
+    }
+
+    const V32_CAP_ERROR: &str = r#"{"error":{"message":"max_tokens=32000 cannot be greater than max_model_len=4096. Please request fewer output tokens. (parameter=max_tokens, value=32000)","type":"BadRequestError","param":"max_tokens","code":400}}"#;
+    const V32_PROMPT_ERROR: &str = r#"{"error":{"message":"This model's maximum context length is 4096 tokens. However, your prompt contains at least 4097 input tokens, which exceeds this limit even without any output tokens. Please reduce the length of the input prompt. (parameter=input_tokens, value=4097)","type":"BadRequestError","param":"input_tokens","code":400}}"#;
+
+    #[test]
+    fn window_errors_reach_the_client_in_its_dialect() {
+        // Anthropic, exact count below the window (the filter was told a larger window than
+        // the server has): prompt + cap too long, and the server's window is learned.
+        let p = plugin("");
+        let mut host = FakeHost::default();
+        let (mut x, _) = send(&p, &mut host, "/v1/messages", MESSAGES);
+        reply(
+            &p,
+            &mut host,
+            &mut x,
+            200,
+            r#"{"data":[{"id":"m","max_model_len":40960}]}"#,
+        );
+        let v = rewritten(reply(
+            &p,
+            &mut host,
+            &mut x,
+            200,
+            r#"{"input_tokens":3000}"#,
+        ));
+        assert_eq!(v["max_tokens"], 32000);
+        let (step, out) = answer(
+            &mut x,
+            &p,
+            &mut host,
+            400,
+            "application/json",
+            &[
+                &V32_CAP_ERROR.as_bytes()[..50],
+                &V32_CAP_ERROR.as_bytes()[50..],
+            ],
+        );
+        assert_eq!(step, response::HeadStep::Hold);
+        assert_eq!(
+            error_message(&out),
+            "input length and `max_tokens` exceed context limit: 3000 + 32000 > 4096, decrease input length or `max_tokens` and try again"
+        );
+        assert!(host.has(Metric::Translated));
+        // The next request is budgeted by the window the server named.
+        let body = MESSAGES.replace("hi", "hello");
+        let (mut y, step) = send(
+            &p,
+            &mut host,
+            "/v1/messages",
+            Box::leak(body.into_boxed_str()),
+        );
+        assert!(matches!(step, Step::Wait));
+        assert_eq!(
+            host.calls.last().unwrap().2.path,
+            backend::MESSAGES_COUNT_PATH
+        );
+        let v = rewritten(reply(
+            &p,
+            &mut host,
+            &mut y,
+            200,
+            r#"{"input_tokens":3000}"#,
+        ));
+        assert_eq!(v["max_tokens"], 1096);
+
+        // OpenAI chat, the prompt alone too long (exact count ≥ C): context_length_exceeded.
+        let p = plugin(r#","context_length":4096"#);
+        let mut host = FakeHost::default();
+        let (mut x, _) = send(&p, &mut host, "/v1/chat/completions", CHAT);
+        let step = reply(
+            &p,
+            &mut host,
+            &mut x,
+            200,
+            r#"{"count":5009,"max_model_len":4096}"#,
+        );
+        assert!(matches!(step, Step::Done(Action::Continue)));
+        let (_, out) = answer(
+            &mut x,
+            &p,
+            &mut host,
+            400,
+            "application/json",
+            &[V32_PROMPT_ERROR.as_bytes()],
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(v["error"]["code"], "context_length_exceeded");
+        assert_eq!(v["error"]["param"], "messages");
+        assert_eq!(error_message(&out), "This model's maximum context length is 4096 tokens. However, your messages resulted in 5009 tokens. Please reduce the length of the messages.");
+    }
+
+    #[test]
+    fn other_answers_pass_byte_for_byte() {
+        let p = plugin(r#","context_length":4096"#);
+        let mut host = FakeHost::default();
+        let (mut x, _) = send(&p, &mut host, "/v1/chat/completions", CHAT);
+        reply(
+            &p,
+            &mut host,
+            &mut x,
+            200,
+            r#"{"count":40,"max_model_len":4096}"#,
+        );
+        // Another 400, a look-alike, a huge error, a success: byte for byte.
+        let other = br#"{"error":{"message":"temperature must be >= 0","type":"BadRequestError","code":400}}"#;
+        for body in [&other[..], br#"{"error":{"message":"This model's maximum context length is 4096 tokens.","code":400}}"#, b"not json at all"] {
+            let mut y = Exchange::new();
+            y.budget = x.budget.clone();
+            let (step, out) = answer(&mut y, &p, &mut host, 400, "application/json", &[&body[..3], &body[3..]]);
+            assert_eq!(step, response::HeadStep::Hold);
+            assert_eq!(out, body);
+        }
+        let huge = vec![b' '; response::MAX_ERROR_BYTES + 10];
+        let mut y = Exchange::new();
+        y.budget = x.budget.clone();
+        let (_, out) = answer(
+            &mut y,
+            &p,
+            &mut host,
+            400,
+            "application/json",
+            &[&huge[..40000], &huge[40000..]],
+        );
+        assert_eq!(out, huge);
+        let (step, out) = answer(
+            &mut x,
+            &p,
+            &mut host,
+            200,
+            "application/json",
+            &[b"{\"ok\":1}"],
+        );
+        assert_eq!(
+            (step, out.as_slice()),
+            (response::HeadStep::Pass, &b"{\"ok\":1}"[..])
+        );
+        assert!(!host.has(Metric::Translated));
+        // A request the filter did not budget: its errors are not touched.
+        let mut z = Exchange::new();
+        z.on_headers(
+            &p,
+            &mut host,
+            &RequestHead {
+                method: Some("GET"),
+                ..head("/v1/models")
+            },
+        );
+        let (step, out) = answer(
+            &mut z,
+            &p,
+            &mut host,
+            400,
+            "application/json",
+            &[V32_PROMPT_ERROR.as_bytes()],
+        );
+        assert_eq!(
+            (step, out.as_slice()),
+            (response::HeadStep::Pass, V32_PROMPT_ERROR.as_bytes())
+        );
+        // translate_errors off.
+        let q = plugin(r#","context_length":4096,"translate_errors":false"#);
+        let (mut w, _) = send(&q, &mut host, "/v1/chat/completions", CHAT);
+        assert!(w.budget.is_some());
+        let (step, out) = answer(
+            &mut w,
+            &q,
+            &mut host,
+            400,
+            "application/json",
+            &[V32_PROMPT_ERROR.as_bytes()],
+        );
+        assert_eq!(
+            (step, out.as_slice()),
+            (response::HeadStep::Pass, V32_PROMPT_ERROR.as_bytes())
+        );
+    }
+
+    const COUNT_REFUSED: &str = r#"{"type":"error","error":{"type":"BadRequestError","message":"This model's maximum context length is 4096 tokens. However, your prompt contains at least 4097 input tokens, which exceeds this limit even without any output tokens. Please reduce the length of the input prompt. (parameter=input_tokens, value=4097)"}}"#;
+
+    #[test]
+    fn a_prompt_the_counter_refuses_as_too_long() {
+        // Passthrough: unchanged, then the server's cap error becomes "prompt is too long".
+        let p = plugin(r#","context_length":4096"#);
+        let mut host = FakeHost::default();
+        let (mut x, _) = send(&p, &mut host, "/v1/messages", MESSAGES);
+        let step = reply(&p, &mut host, &mut x, 400, COUNT_REFUSED);
+        assert!(matches!(step, Step::Done(Action::Continue)));
+        assert_eq!(
+            header(&x, &p, HEADER_ACTION).as_deref(),
+            Some("unchanged:too_long")
+        );
+        assert!(!host.metrics.iter().any(|m| matches!(m, Metric::Failure(_))));
+        let (_, out) = answer(
+            &mut x,
+            &p,
+            &mut host,
+            400,
+            "application/json",
+            &[V32_CAP_ERROR.as_bytes()],
+        );
+        assert_eq!(
+            error_message(&out),
+            "prompt is too long: 4097 tokens > 4096 maximum"
+        );
+        // Reject mode: answered locally, with no upstream request.
+        let p = plugin(r#","context_length":4096,"on_insufficient":"reject""#);
+        let mut host = FakeHost::default();
+        let (mut x, _) = send(&p, &mut host, "/v1/messages", MESSAGES);
+        match reply(&p, &mut host, &mut x, 400, COUNT_REFUSED) {
+            Step::Done(Action::Reply(r)) => {
+                assert_eq!(r.status, 400);
+                assert_eq!(
+                    error_message(&r.body),
+                    "prompt is too long: 4097 tokens > 4032 maximum"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(host.has(Metric::Rejected));
+        // Another 400 from the counter is a failure: the estimate.
+        let mut host = FakeHost::default();
+        let (mut x, _) = send(&p, &mut host, "/v1/messages", MESSAGES);
+        let step = reply(
+            &p,
+            &mut host,
+            &mut x,
+            400,
+            r#"{"type":"error","error":{"type":"BadRequestError","message":"bad role"}}"#,
+        );
+        rewritten(step);
+        assert!(host.has(Metric::Failure(Failure::Status)));
+    }
+
+    #[test]
+    fn stop_reason_when_the_window_ended_the_answer() {
+        let p = plugin(r#","context_length":4096"#);
+        let mut host = FakeHost::default();
+        let (mut x, _) = send(&p, &mut host, "/v1/messages", MESSAGES);
+        let v = rewritten(reply(
+            &p,
+            &mut host,
+            &mut x,
+            200,
+            r#"{"input_tokens":3000}"#,
+        ));
+        assert_eq!(v["max_tokens"], 1096);
+        let json = br#"{"id":"a","type":"message","content":[],"stop_reason":"max_tokens","stop_sequence":null,"usage":{"input_tokens":3000,"output_tokens":1096}}"#;
+        let (step, out) = answer(
+            &mut x,
+            &p,
+            &mut host,
+            200,
+            "application/json",
+            &[&json[..60], &json[60..]],
+        );
+        assert_eq!(step, response::HeadStep::Watch);
+        let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(v["stop_reason"], "model_context_window_exceeded");
+        assert!(host.has(Metric::WindowStop));
+        // Streamed: the message_delta event, split across chunks (the count from the cache).
+        let (mut y, step) = send(&p, &mut host, "/v1/messages", MESSAGES);
+        rewritten(step);
+        let sse = b"event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"max_tokens\",\"stop_sequence\":null},\"usage\":{\"output_tokens\":1096}}\n\nevent: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";
+        let (step, out) = answer(
+            &mut y,
+            &p,
+            &mut host,
+            200,
+            "text/event-stream; charset=utf-8",
+            &[&sse[..30], &sse[30..90], &sse[90..]],
+        );
+        assert_eq!(step, response::HeadStep::Watch);
+        let text = String::from_utf8(out).unwrap();
+        assert_eq!(
+            text,
+            String::from_utf8_lossy(sse)
+                .replace("\"max_tokens\"", "\"model_context_window_exceeded\"")
+        );
+        // The caller's own cap (smaller than what the window leaves): not watched.
+        let small = MESSAGES.replace("32000", "500");
+        let (mut z, step) = send(
+            &p,
+            &mut host,
+            "/v1/messages",
+            Box::leak(small.into_boxed_str()),
+        );
+        assert_eq!(rewritten(step)["max_tokens"], 500, "counted from the cache");
+        let (step, _) = answer(&mut z, &p, &mut host, 200, "application/json", &[&json[..]]);
+        assert_eq!(step, response::HeadStep::Pass);
+        // OpenAI chat clamped by the window: `length` stays, nothing watched.
+        let (mut c, _) = send(&p, &mut host, "/v1/chat/completions", CHAT);
+        rewritten(reply(
+            &p,
+            &mut host,
+            &mut c,
+            200,
+            r#"{"count":3000,"max_model_len":4096}"#,
+        ));
+        let (step, _) = answer(
+            &mut c,
+            &p,
+            &mut host,
+            200,
+            "text/event-stream",
+            &[b"data: {}\n\n"],
+        );
+        assert_eq!(step, response::HeadStep::Pass);
+    }
+
+    #[test]
+    fn learned_windows_expire_and_follow_the_server() {
+        let p = plugin(r#","window_ttl_ms":1000"#);
+        let mut host = FakeHost::default();
+        let (mut x, _) = send(&p, &mut host, "/v1/messages", MESSAGES);
+        reply(
+            &p,
+            &mut host,
+            &mut x,
+            200,
+            r#"{"data":[{"id":"m","max_model_len":4096}]}"#,
+        );
+        rewritten(reply(&p, &mut host, &mut x, 200, r#"{"input_tokens":30}"#));
+        assert_eq!(host.calls.len(), 2);
+        // Within the TTL: no window call.
+        host.now = 1000;
+        let b1 = MESSAGES.replace("hi", "one");
+        let (_, _) = send(
+            &p,
+            &mut host,
+            "/v1/messages",
+            Box::leak(b1.into_boxed_str()),
+        );
+        assert_eq!(
+            host.calls.last().unwrap().2.path,
+            backend::MESSAGES_COUNT_PATH
+        );
+        assert_eq!(host.calls.len(), 3);
+        // After it: the window is learned again first, and the new one is used.
+        host.now = 2001;
+        let b2 = MESSAGES.replace("hi", "two");
+        let (mut y, _) = send(
+            &p,
+            &mut host,
+            "/v1/messages",
+            Box::leak(b2.into_boxed_str()),
+        );
+        assert_eq!(host.calls.last().unwrap().2.path, backend::MODELS_PATH);
+        reply(
+            &p,
+            &mut host,
+            &mut y,
+            200,
+            r#"{"data":[{"id":"m","max_model_len":2048}]}"#,
+        );
+        let v = rewritten(reply(&p, &mut host, &mut y, 200, r#"{"input_tokens":30}"#));
+        assert_eq!(v["max_tokens"], 2018);
+        // A stale window still decides an estimate (better than none).
+        host.now = 10_000;
+        let b3 = MESSAGES.replace("hi", "three");
+        let (mut z, _) = send(
+            &p,
+            &mut host,
+            "/v1/messages",
+            Box::leak(b3.into_boxed_str()),
+        );
+        let token = host.last_token();
+        let step = z
+            .on_reply(
+                &p,
+                &mut host,
+                &Answer {
+                    token,
+                    status: Some(500),
+                    size: 0,
+                    body: b"",
+                },
+            )
+            .unwrap();
+        assert!(
+            matches!(step, Step::Wait),
+            "the window call failed; the count goes on"
+        );
+        let token = host.last_token();
+        let step = z
+            .on_reply(
+                &p,
+                &mut host,
+                &Answer {
+                    token,
+                    status: Some(500),
+                    size: 0,
+                    body: b"",
+                },
+            )
+            .unwrap();
+        rewritten(step);
+        // A cached /tokenize count uses the window learned since.
+        let p = plugin("");
+        let mut host = FakeHost::default();
+        let (mut x, _) = send(&p, &mut host, "/v1/chat/completions", CHAT);
+        rewritten(reply(
+            &p,
+            &mut host,
+            &mut x,
+            200,
+            r#"{"count":40,"max_model_len":4096}"#,
+        ));
+        let (mut y, _) = send(&p, &mut host, "/v1/chat/completions", CHAT);
+        answer(
+            &mut y,
+            &p,
+            &mut host,
+            400,
+            "application/json",
+            &[V32_PROMPT_ERROR
+                .replace("4096 tokens", "2048 tokens")
+                .as_bytes()],
+        );
+        let (_, step) = send(&p, &mut host, "/v1/chat/completions", CHAT);
+        assert_eq!(rewritten(step)["max_tokens"], 2008);
     }
 }

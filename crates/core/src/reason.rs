@@ -21,10 +21,11 @@ pub enum Reason {
     Stateful,
     /// A bound proves the caller's cap (or, without one, the server's default) fits.
     Fits,
+    TooLong,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 17] = [
+    pub const ALL: [Reason; 18] = [
         Reason::Method,
         Reason::Encoding,
         Reason::TooLarge,
@@ -42,6 +43,7 @@ impl Reason {
         Reason::ThinkingBudget,
         Reason::Stateful,
         Reason::Fits,
+        Reason::TooLong,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -63,6 +65,7 @@ impl Reason {
             Reason::ThinkingBudget => "thinking_budget",
             Reason::Stateful => "stateful",
             Reason::Fits => "fits",
+            Reason::TooLong => "too_long",
         }
     }
 

@@ -19,6 +19,8 @@ pub struct Metrics {
     bound_checks: Option<u32>,
     bound_violations: Option<u32>,
     count_ms: Option<u32>,
+    translated: Option<u32>,
+    window_stop: Option<u32>,
     unchanged: Vec<Option<u32>>,
     failures: Vec<Option<u32>>,
 }
@@ -37,6 +39,8 @@ impl Metrics {
         let count_skipped = counter("incontext_count_skipped");
         let bound_checks = counter("incontext_bound_checks");
         let bound_violations = counter("incontext_bound_violations");
+        let translated = counter("incontext_translated");
+        let window_stop = counter("incontext_window_stop");
         let unchanged = Reason::ALL
             .iter()
             .map(|r| counter(&format!("incontext_unchanged_{}", r.as_str())))
@@ -60,6 +64,8 @@ impl Metrics {
             count_ms: proxy
                 .define_metric(MetricType::Histogram, "incontext_count_ms")
                 .ok(),
+            translated,
+            window_stop,
             unchanged,
             failures,
         }
@@ -74,6 +80,8 @@ impl Metrics {
             Metric::CacheHits => self.cache_hits,
             Metric::CacheMisses => self.cache_misses,
             Metric::Estimates => self.estimates,
+            Metric::Translated => self.translated,
+            Metric::WindowStop => self.window_stop,
             Metric::Unchanged(r) => self.unchanged.get(r.index()).copied().flatten(),
             Metric::Failure(f) => self.failures.get(f.index()).copied().flatten(),
             Metric::CountCalls => self.count_calls,

@@ -13,6 +13,18 @@ pub enum Dialect {
     Responses,
 }
 
+impl Dialect {
+    /// The error shape of a request form.
+    pub fn of(form: crate::dialect::Form) -> Dialect {
+        use crate::dialect::Form;
+        match form {
+            Form::Messages => Dialect::Anthropic,
+            Form::Responses => Dialect::Responses,
+            Form::Chat | Form::Completion => Dialect::OpenAi,
+        }
+    }
+}
+
 /// The prompt alone is longer than the window C.
 pub fn prompt_too_long(dialect: Dialect, prompt: u64, context: u64) -> Vec<u8> {
     match dialect {

@@ -29,6 +29,8 @@ pub const MAX_ERROR_BYTES: usize = 64 * 1024;
 pub struct Budget {
     pub dialect: Dialect,
     pub backend: Backend,
+    /// The request's model (a window the server names is learned for it).
+    pub model: String,
     /// P as the filter counted it (`exact`: by the server's counter, else the estimate).
     pub prompt: Option<u64>,
     pub exact: bool,
@@ -273,6 +275,7 @@ mod tests {
         Budget {
             dialect,
             backend: Backend::Vllm,
+            model: "m".to_string(),
             prompt: Some(3000),
             exact: true,
             too_long: false,

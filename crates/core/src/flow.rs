@@ -2775,4 +2775,43 @@ mod tests {
         let (_, step) = send(&p, &mut host, "/v1/chat/completions", CHAT);
         assert_eq!(rewritten(step)["max_tokens"], 2008);
     }
+
+    #[test]
+    fn responses_get_the_openai_signal_on_input() {
+        // The renderer refuses the prompt as too long: reject mode answers itself.
+        let p = plugin(r#","context_length":4096,"on_insufficient":"reject""#);
+        let mut host = FakeHost::default();
+        let (mut x, _) = send(&p, &mut host, "/v1/responses", RESPONSES);
+        assert_eq!(host.calls[0].2.path, backend::RESPONSES_RENDER_PATH);
+        match reply(&p, &mut host, &mut x, 400, V32_PROMPT_ERROR) {
+            Step::Done(Action::Reply(r)) => {
+                let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+                assert_eq!(v["error"]["code"], "context_length_exceeded");
+                assert_eq!(v["error"]["param"], "input");
+            }
+            other => panic!("{other:?}"),
+        }
+        // Passthrough: the server's own error, translated.
+        let p = plugin(r#","context_length":4096"#);
+        let mut host = FakeHost::default();
+        let (mut x, _) = send(&p, &mut host, "/v1/responses", RESPONSES);
+        let step = reply(&p, &mut host, &mut x, 400, V32_PROMPT_ERROR);
+        assert!(matches!(step, Step::Done(Action::Continue)));
+        let cap = V32_CAP_ERROR.replace("max_tokens", "max_output_tokens");
+        let (_, out) = answer(
+            &mut x,
+            &p,
+            &mut host,
+            400,
+            "application/json",
+            &[cap.as_bytes()],
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(v["error"]["code"], "context_length_exceeded");
+        assert_eq!(v["error"]["param"], "input");
+        assert_eq!(
+            error_message(&out),
+            "This model's maximum context length is 4096 tokens. However, your messages resulted in 4097 tokens. Please reduce the length of the messages."
+        );
+    }
 }

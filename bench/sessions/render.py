@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
 """Renders the two Envoy configs of a session bench run from envoy/envoy.yaml.
 
-    render.py OUTDIR WASM VLLM_PORT COUNT_PORT SKIP_PORT ADMIN_BASE CONTEXT_LENGTH
+    render.py OUTDIR WASM VLLM_PORT COUNT_PORT SKIP_PORT ENVOY_PORT ADMIN_BASE CONTEXT_LENGTH
 
 count.yaml  envoy/envoy.yaml with the bench's addresses, the `vllm` cluster pointed at vLLM
             and `context_length`; admin on ADMIN_BASE.
 skip.yaml   the same with `skip_count: true`; admin on ADMIN_BASE+1.
+envoy.yaml  the same Envoy without the filter (buffer filter and router kept); admin on
+            ADMIN_BASE+2.
 """
 
 import os
@@ -19,7 +21,7 @@ from render import proxy  # noqa: E402
 
 def main():
     outdir, wasm = sys.argv[1], sys.argv[2]
-    vllm, count, skip, admin, context = (int(x) for x in sys.argv[3:8])
+    vllm, count, skip, plain, admin, context = (int(x) for x in sys.argv[3:9])
     shipped_path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
                                 "envoy", "envoy.yaml")
     with open(shipped_path, encoding="utf-8") as f:
@@ -30,6 +32,9 @@ def main():
         cfg = proxy(shipped, wasm, port, adm, vllm, extra, True)
         with open(f"{outdir}/{name}.yaml", "w", encoding="utf-8") as f:
             yaml.safe_dump(cfg, f, sort_keys=False)
+    cfg = proxy(shipped, wasm, plain, admin + 2, vllm, {}, False)
+    with open(f"{outdir}/envoy.yaml", "w", encoding="utf-8") as f:
+        yaml.safe_dump(cfg, f, sort_keys=False)
 
 
 if __name__ == "__main__":

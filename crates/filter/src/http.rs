@@ -286,13 +286,19 @@ impl Http {
 
     pub fn on_response_headers(&mut self, proxy: &mut dyn Proxy) -> u32 {
         self.with(proxy, CONTINUE, |exchange, shared, view| {
-            exchange.on_upstream_answer(&shared.plugin, view);
             for (name, value) in exchange.response_headers(&shared.plugin) {
                 let _ = view
                     .proxy
                     .add_header(MapType::ResponseHeaders, name, &value);
             }
             CONTINUE
+        })
+    }
+
+    /// The stream is done (answered, or reset): a skipped request's count goes out now.
+    pub fn on_log(&mut self, proxy: &mut dyn Proxy) {
+        self.with(proxy, (), |exchange, shared, view| {
+            exchange.on_stream_end(&shared.plugin, view);
         })
     }
 }

@@ -624,3 +624,41 @@ fn the_memory_gauge_adds_this_vms_change() {
     vm.delete(s);
     assert_eq!(vm.host.metric("incontext_wasm_memory_bytes"), 3 << 20);
 }
+
+#[test]
+fn a_skipped_request_is_counted_when_its_stream_ends_and_checked_after_it_is_gone() {
+    let mut vm = Vm::new();
+    let (root, ok) = vm.root_with(
+        r#"{"tokenizer":{"cluster":"vllm"},"context_length":4096,"min_output_tokens":64,"fallback_margin_tokens":32,"skip_count":true}"#,
+    );
+    assert!(ok);
+    let first = r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":100}"#;
+    let grown = r#"{"model":"m","messages":[{"role":"user","content":"hi"},{"role":"assistant","content":"yo"},{"role":"user","content":"more"}],"max_tokens":100}"#;
+    let (s1, _) = vm.send(root, first);
+    vm.answer(root, vm.last_token(), 200, &count(96));
+    vm.delete(s1);
+    let (s2, step) = vm.send(root, grown);
+    assert_eq!(
+        step, CONTINUE,
+        "a bound proves the cap fits: no call, not held"
+    );
+    assert_eq!(vm.host.calls().len(), 1);
+    vm.filter.on_response_headers(&mut vm.host, s2);
+    assert!(vm.host.response_headers[&s2]
+        .contains(&("x-incontext-action".into(), "unchanged:fits".into())));
+    assert_eq!(vm.host.calls().len(), 1, "nothing while the answer streams");
+    vm.host.effective = s2;
+    vm.filter.on_log(&mut vm.host, s2);
+    assert_eq!(
+        vm.host.calls().len(),
+        2,
+        "the check goes out when the stream ends"
+    );
+    let token = vm.last_token();
+    vm.delete(s2);
+    // A count far above the bound: skipping turns off for the route.
+    vm.answer(root, token, 200, &count(4000));
+    assert_eq!(vm.host.metric("incontext_bound_checks"), 1);
+    assert_eq!(vm.host.metric("incontext_bound_violations"), 1);
+    assert_eq!(vm.filter.held(), (0, 0, 0));
+}

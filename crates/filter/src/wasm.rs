@@ -435,7 +435,9 @@ pub extern "C" fn proxy_on_done(_context_id: u32) -> bool {
 }
 
 #[no_mangle]
-pub extern "C" fn proxy_on_log(_context_id: u32) {}
+pub extern "C" fn proxy_on_log(context_id: u32) {
+    with(|f, p| f.on_log(p, context_id))
+}
 
 #[no_mangle]
 pub extern "C" fn proxy_on_delete(context_id: u32) {

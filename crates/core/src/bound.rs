@@ -40,7 +40,7 @@
 //! went upstream and turns skipping off for the route on any count above its bound.
 
 use crate::dialect::Form;
-use crate::json::find::contains;
+use crate::json::find::Needle;
 use crate::json::scan::array_items;
 use crate::request::Request;
 use serde::Deserialize;
@@ -317,7 +317,9 @@ pub fn message_bound(form: Form, raw: &[u8]) -> Option<u64> {
 /// Whether an earlier message may render differently once later messages exist (it carries
 /// reasoning the template drops before the last user query).
 fn restyles(raw: &[u8]) -> bool {
-    contains(raw, b"think") || contains(raw, b"reasoning")
+    static THINK: Needle = Needle::new(b"think");
+    static REASONING: Needle = Needle::new(b"reasoning");
+    THINK.is_in(raw) || REASONING.is_in(raw)
 }
 
 /// P_hi for `chain` given the exact count (or bound) `prefix_tokens` of its first `k` messages.

@@ -13,7 +13,7 @@ use crate::caps::CapField;
 use crate::config::Config;
 use crate::estimate::estimate as rough;
 use crate::json::compact::{compact, write_string};
-use crate::json::find::contains;
+use crate::json::find::Needle;
 use crate::json::scan::{array_items, is_ws, scan, Member};
 use crate::request::{raw, raw_bytes, Counting, Fields, Request};
 use serde_json::value::RawValue;
@@ -170,6 +170,8 @@ fn write_message(message: &str, out: &mut Vec<u8>) -> Option<()> {
     Some(())
 }
 
+static REASONING_CONTENT: Needle = Needle::new(b"reasoning_content");
+
 /// Compacts `text` into `out` and returns true, unless the compacted text names
 /// `reasoning_content`: then `out` is left as it was and it returns false. Once compacted, a
 /// key that is `reasoning_content`, however escaped, reads so literally.
@@ -178,7 +180,7 @@ fn compact_unless_reasoning(text: &str, out: &mut Vec<u8>) -> Option<bool> {
     compact(text, out)?;
     let named = out
         .get(mark..)
-        .is_some_and(|written| contains(written, b"reasoning_content"));
+        .is_some_and(|written| REASONING_CONTENT.is_in(written));
     if named {
         out.truncate(mark);
     }

@@ -1,4 +1,5 @@
-"""What the filter holds for requests whose client gave up, end to end.
+"""The filter's life in a running Envoy: what it holds for requests whose client gave up, and
+its log level.
 
 500 requests of 4 MiB are abandoned while their count is out: the client sends the whole body,
 waits until the tokenizer has the call, and closes the connection. The scripted tokenizer holds
@@ -15,8 +16,10 @@ from __future__ import annotations
 import socket
 import threading
 import time
+import urllib.request
 
 from tests.e2e.common import Proxy, assert_rewritten, cfg, chat, dumps, nonce
+from tests.harness.envoy import Envoy, no_filter
 from tests.harness.upstream import ok
 
 BODY_BYTES = 4 << 20
@@ -110,3 +113,27 @@ def test_abandoned_big_requests_leave_memory_flat(envoys, upstream):
     finally:
         p.close()
     assert_rewritten(res, COUNT, source="cache")
+
+
+def test_the_log_level_follows_envoys_at_run_time(envoy_bin, wasm, upstream, envoys):
+    """Envoy starts with wasm at info: the filter's per-request debug line is not written. Once
+    the operator sets wasm to debug through the admin endpoint, the next request's is."""
+    env = Envoy(envoy_bin, envoys.workdir, LIFECYCLE, (upstream.host, upstream.port),
+                remove_filter=no_filter(), name="envoy-log-level", log_args=("-l", "info"))
+    env.start()
+    p = Proxy(env, upstream)
+    try:
+        upstream.tokenizer.count(111)
+        assert_rewritten(p.post(chat(max_tokens=100000)), 111)
+        req = urllib.request.Request(env.admin + "/logging?wasm=debug", method="POST")
+        with urllib.request.urlopen(req, timeout=5) as r:
+            assert r.status == 200
+        upstream.tokenizer.count(222)
+        assert_rewritten(p.post(chat(max_tokens=100000)), 222)
+    finally:
+        p.close()
+    # Envoy flushes its log file every few seconds: wait for the second request's line.
+    wait_for("the debug line", lambda: "incontext: rewritten prompt=222" in env.log_text(),
+             timeout=30)
+    assert "incontext: rewritten prompt=111" not in env.log_text()
+    env.stop()

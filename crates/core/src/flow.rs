@@ -620,6 +620,10 @@ impl Exchange {
     /// request is counted now, off its path and off its answer's, to check the bound and to
     /// anchor the conversation's next turn.
     pub fn on_stream_end(&mut self, plugin: &Plugin, host: &mut dyn Host) {
+        // Any other state is left as it is: a call still out becomes an orphan on deletion.
+        if !matches!(self.state, State::Skipped { .. }) {
+            return;
+        }
         let State::Skipped { pending, bound } = std::mem::replace(&mut self.state, State::Passing)
         else {
             return;

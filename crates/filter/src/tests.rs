@@ -297,8 +297,10 @@ impl Vm {
         self.host.call_answer = None;
     }
 
+    /// Envoy ends a context: the log callback, then the deletion.
     fn delete(&mut self, id: u32) {
         self.host.effective = id;
+        self.filter.on_log(&mut self.host, id);
         self.filter.on_delete(&mut self.host, id);
     }
 

@@ -164,6 +164,10 @@ CONFIGS = [
     {"tokenizer": {"cluster": "v"}, "context_length": 1000, "fallback_margin_tokens": 500, "min_output_tokens": 499},
     {"tokenizer": {"cluster": "v"}, "context_length": 1000, "window_tokens": 1001},
     {"tokenizer": {"cluster": "v", "tiemout_ms": 1}},
+    {"routes": [{"model": "a", "tokenizer": {"cluster": "a", "headers": {"k": {"env": "K"}}}, "context_length": 8192},
+                {"model": ["b", "c"], "tokenizer": {"cluster": "b", "backend": "sglang"}, "window_tokens": 2048,
+                 "min_output_tokens": 64, "fallback_margin_tokens": 32, "on_insufficient": "reject"}]},
+    {"tokenizer": {"cluster": "v"}, "context_length": 32768, "routes": [{"model": "a"}, {"model": ["b", "a"]}]},
 ]
 
 

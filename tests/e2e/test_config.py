@@ -38,6 +38,11 @@ def run_validate(envoy_bin, vdir, plugin_config, wasm):
     ("zero_margin", cfg(fallback_margin_tokens=0)),
     ("window_below_context", cfg(window_tokens=20000)),
     ("just_fits", cfg(context_length=5121, min_output_tokens=4096, fallback_margin_tokens=1024)),
+    ("routes", {"routes": [
+        {"model": "coder", "tokenizer": {"cluster": "vllm"}, "context_length": 32768},
+        {"model": ["small", "fast"], "tokenizer": {"cluster": "vllm", "backend": "sglang"},
+         "window_tokens": 8192, "min_output_tokens": 1024, "on_insufficient": "reject"}]}),
+    ("routes_over_top_level", cfg(routes=[{"model": "coder", "window_tokens": 16384}])),
 ])
 def test_valid_configs_are_accepted(envoy_bin, wasm, vdir, name, plugin_config):
     pc = shipped_plugin_config() if plugin_config is None else plugin_config
@@ -89,6 +94,18 @@ REFUSED = [
     ("max_body_bytes_zero", _bad(max_body_bytes=0), ["max_body_bytes"]),
     ("on_insufficient_unknown", _bad(on_insufficient="drop"), ["on_insufficient"]),
     ("wrong_type", _bad(min_output_tokens="4096x"), ["min_output_tokens"]),
+    # docs/spec.md §16: every route is checked as a whole configuration, its field named.
+    ("route_twice_one_model", cfg(routes=[{"model": "a"}, {"model": ["b", "a"]}]),
+     ["routes[1].model"]),
+    ("route_without_tokenizer", {"routes": [{"model": "a", "tokenizer": {"cluster": "vllm"}},
+                                            {"model": "b"}]}, ["routes[1].tokenizer"]),
+    ("route_tokenizer_without_cluster", cfg(routes=[{"model": "a"}, {"model": "b", "tokenizer": {}}]),
+     ["routes[1].tokenizer.cluster"]),
+    ("route_unknown_key", cfg(routes=[{"model": "a", "max_body_bytes": 5}]),
+     ["routes[0].max_body_bytes"]),
+    ("route_window_too_small", cfg(routes=[{"model": "a", "context_length": 4096}]),
+     ["routes[0].min_output_tokens", "routes[0].fallback_margin_tokens"]),
+    ("route_without_model", cfg(routes=[{"context_length": 8192}]), ["routes[0].model"]),
 ]
 
 

@@ -1,18 +1,28 @@
-//! Plugin configuration (docs/spec.md §8): parsing and validation, with errors that name the field.
+//! Plugin configuration (docs/spec.md §8, §16): typed parsing and validation, with errors that
+//! name the field.
+//!
+//! The JSON is deserialized into typed shapes (`serde` derive, unknown keys refused); each value
+//! type checks itself (an integer in its range, a non-empty string, a header), so the field
+//! of every deserialization error is the path the deserializer was at. The checks that relate
+//! fields (W ≤ C, F + R < W, a model named twice) name their fields themselves.
 
+use crate::json::path::{self, Segment};
+use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 use serde_json::Value;
 use std::fmt;
 
 /// What to do when the budget leaves less than the required minimum.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum OnInsufficient {
     Passthrough,
     Reject,
 }
 
 /// The model server that counts (docs/spec.md §11).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Backend {
     Vllm,
     Sglang,
@@ -26,12 +36,6 @@ impl Backend {
             Backend::Sglang => "sglang",
             Backend::Llamacpp => "llamacpp",
         }
-    }
-
-    fn parse(name: &str) -> Option<Backend> {
-        [Backend::Vllm, Backend::Sglang, Backend::Llamacpp]
-            .into_iter()
-            .find(|b| b.as_str() == name)
     }
 }
 
@@ -56,9 +60,12 @@ pub enum HeaderValue {
     Env(String),
 }
 
-/// The validated configuration the filter runs with.
+/// The validated configuration the filter runs with: the top level, or one route resolved
+/// as a whole configuration (the top level's values with the route's overrides).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {
+    /// At a top level without a tokenizer of its own (every route has one), the first
+    /// route's; `models` is then empty, so no request is counted there.
     pub tokenizer: TokenizerConfig,
     /// Only requests for these models are budgeted; `None` means every model.
     pub models: Option<Vec<String>>,
@@ -85,6 +92,8 @@ pub struct Config {
     pub translate_errors: bool,
     /// How long a learned window no count call refreshes is trusted.
     pub window_ttl_ms: u64,
+    /// The routes (docs/spec.md §16), each resolved; empty in a route itself.
+    pub routes: Vec<Config>,
 }
 
 /// A configuration error; `field` names the offending key (dotted path).
@@ -113,39 +122,6 @@ fn err(field: &str, message: impl Into<String>) -> ConfigError {
     }
 }
 
-// Raw shapes, as they come from JSON. Integers are read as i64/Value so that negatives and
-// wrong types get an error that names the field instead of a generic serde message.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawTokenizer {
-    backend: Option<Value>,
-    cluster: Option<Value>,
-    authority: Option<Value>,
-    path: Option<Value>,
-    timeout_ms: Option<Value>,
-    headers: Option<Value>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawConfig {
-    tokenizer: Option<Value>,
-    model: Option<Value>,
-    context_length: Option<Value>,
-    window_tokens: Option<Value>,
-    min_output_tokens: Option<Value>,
-    fallback_margin_tokens: Option<Value>,
-    cache_entries: Option<Value>,
-    max_body_bytes: Option<Value>,
-    on_insufficient: Option<Value>,
-    response_headers: Option<Value>,
-    estimate_constrained: Option<Value>,
-    exclude_tools_when_tool_choice_none: Option<Value>,
-    skip_count: Option<Value>,
-    translate_errors: Option<Value>,
-    window_ttl_ms: Option<Value>,
-}
-
 pub const DEFAULT_MIN_OUTPUT_TOKENS: u64 = 4096;
 pub const DEFAULT_FALLBACK_MARGIN_TOKENS: u64 = 1024;
 pub const DEFAULT_CACHE_ENTRIES: u32 = 4096;
@@ -154,62 +130,61 @@ pub const DEFAULT_TIMEOUT_MS: u64 = 30_000;
 pub const DEFAULT_WINDOW_TTL_MS: u64 = 60_000;
 pub const DEFAULT_PATH: &str = "/tokenize";
 
-/// Serde reports an unknown key as "unknown field `x`, expected ..."; turn it into our error.
-fn serde_error(prefix: &str, e: serde_json::Error) -> ConfigError {
-    let text = e.to_string();
-    if let Some(rest) = text.strip_prefix("unknown field `") {
-        // "unknown field `NAME`, expected …": NAME may itself hold a backtick.
-        let name = rest
-            .split_once("`, expected")
-            .map_or(rest.trim_end_matches('`'), |(n, _)| n);
-        let name: String = name.escape_debug().collect();
-        let field = if prefix.is_empty() {
-            name
-        } else {
-            format!("{prefix}.{name}")
-        };
-        return err(&field, "unknown key");
+// ---- Value types: each refuses what its field does not accept. ----
+
+/// An integer in `MIN..=MAX` (not a bool, a float or a string).
+#[derive(Debug, Clone, Copy)]
+struct Int<const MIN: u64, const MAX: u64>(u64);
+
+const I64_MAX: u64 = i64::MAX as u64;
+/// An integer > 0.
+type Positive = Int<1, I64_MAX>;
+
+impl<'de, const MIN: u64, const MAX: u64> Deserialize<'de> for Int<MIN, MAX> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V<const MIN: u64, const MAX: u64>;
+        impl<const MIN: u64, const MAX: u64> V<MIN, MAX> {
+            fn below<E: de::Error>() -> E {
+                if MIN == 1 {
+                    E::custom("must be > 0")
+                } else {
+                    E::custom(format_args!("must be >= {MIN}"))
+                }
+            }
+        }
+        impl<const MIN: u64, const MAX: u64> Visitor<'_> for V<MIN, MAX> {
+            type Value = Int<MIN, MAX>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("an integer")
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Self::Value, E> {
+                if v < MIN {
+                    Err(Self::below())
+                } else if v > MAX {
+                    Err(E::custom(format_args!("must be <= {MAX}")))
+                } else {
+                    Ok(Int(v))
+                }
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Self::Value, E> {
+                match u64::try_from(v) {
+                    Ok(v) => self.visit_u64(v),
+                    Err(_) => Err(Self::below()),
+                }
+            }
+            fn visit_f64<E: de::Error>(self, _: f64) -> Result<Self::Value, E> {
+                Err(E::custom("must be an integer"))
+            }
+        }
+        d.deserialize_any(V::<MIN, MAX>)
     }
-    let field = if prefix.is_empty() { "(root)" } else { prefix };
-    err(field, format!("not valid: {text}"))
 }
 
-/// An integer field: absent → None; present → must be an integer (not a bool, not a float).
-fn int(field: &str, v: Option<Value>) -> Result<Option<i64>, ConfigError> {
-    match v {
-        None => Ok(None),
-        Some(Value::Number(n)) => match n.as_i64() {
-            Some(i) => Ok(Some(i)),
-            None if n.as_u64().is_some() => Err(err(field, "too large")),
-            None => Err(err(field, "must be an integer")),
-        },
-        Some(_) => Err(err(field, "must be an integer")),
-    }
-}
-
-fn positive(field: &str, v: Option<Value>) -> Result<Option<u64>, ConfigError> {
-    match int(field, v)? {
-        None => Ok(None),
-        Some(i) if i > 0 => Ok(Some(i as u64)),
-        Some(_) => Err(err(field, "must be > 0")),
-    }
-}
-
-fn string(field: &str, v: Option<Value>) -> Result<Option<String>, ConfigError> {
-    match v {
-        None => Ok(None),
-        Some(Value::String(s)) if !s.is_empty() => Ok(Some(s)),
-        Some(Value::String(_)) => Err(err(field, "must not be empty")),
-        Some(_) => Err(err(field, "must be a string")),
-    }
-}
-
-fn boolean(field: &str, v: Option<Value>, default: bool) -> Result<bool, ConfigError> {
-    match v {
-        None => Ok(default),
-        Some(Value::Bool(b)) => Ok(b),
-        Some(_) => Err(err(field, "must be true or false")),
-    }
+/// A string without control characters (a header value's bytes).
+fn valid_header_value(value: &str) -> bool {
+    value
+        .bytes()
+        .all(|b| b == b'\t' || (b >= 0x20 && b != 0x7f))
 }
 
 fn valid_header_name(name: &str) -> bool {
@@ -219,106 +194,277 @@ fn valid_header_name(name: &str) -> bool {
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"-_.".contains(&b))
 }
 
-fn valid_header_value(value: &str) -> bool {
-    value
-        .bytes()
-        .all(|b| b == b'\t' || (b >= 0x20 && b != 0x7f))
+/// Deserializes a string and checks it with `check` (its error message, or the string).
+fn checked_string<'de, D: Deserializer<'de>>(
+    d: D,
+    check: fn(&str) -> Result<(), &'static str>,
+) -> Result<String, D::Error> {
+    struct V(fn(&str) -> Result<(), &'static str>);
+    impl Visitor<'_> for V {
+        type Value = String;
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            f.write_str("a string")
+        }
+        fn visit_str<E: de::Error>(self, v: &str) -> Result<String, E> {
+            (self.0)(v).map_err(E::custom)?;
+            Ok(v.to_string())
+        }
+    }
+    d.deserialize_str(V(check))
 }
 
-fn parse_tokenizer(v: Option<Value>) -> Result<TokenizerConfig, ConfigError> {
-    let v = v.ok_or_else(|| err("tokenizer", "required"))?;
-    if !v.is_object() {
-        return Err(err("tokenizer", "must be an object"));
+fn non_empty(v: &str) -> Result<(), &'static str> {
+    if v.is_empty() {
+        Err("must not be empty")
+    } else {
+        Ok(())
     }
-    let raw: RawTokenizer = serde_json::from_value(v).map_err(|e| serde_error("tokenizer", e))?;
-    let backend = match string("tokenizer.backend", raw.backend)? {
-        None => Backend::Vllm,
-        Some(b) => Backend::parse(&b).ok_or_else(|| {
-            err(
-                "tokenizer.backend",
-                "unknown backend (known: vllm, sglang, llamacpp)",
-            )
-        })?,
-    };
-    let cluster = string("tokenizer.cluster", raw.cluster)?
-        .ok_or_else(|| err("tokenizer.cluster", "required"))?;
-    let authority =
-        string("tokenizer.authority", raw.authority)?.unwrap_or_else(|| cluster.clone());
-    let path = string("tokenizer.path", raw.path)?.unwrap_or_else(|| DEFAULT_PATH.to_string());
-    if !path.starts_with('/') || !valid_header_value(&path) {
-        return Err(err(
-            "tokenizer.path",
-            "must be an absolute path starting with /",
-        ));
+}
+
+/// A non-empty string.
+#[derive(Debug, Clone)]
+struct Text(String);
+
+impl<'de> Deserialize<'de> for Text {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        checked_string(d, non_empty).map(Text)
     }
-    if !valid_header_value(&authority) {
-        return Err(err("tokenizer.authority", "contains control characters"));
+}
+
+/// The tokenizer's `:authority`.
+struct Authority(String);
+
+impl<'de> Deserialize<'de> for Authority {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        checked_string(d, |v| {
+            non_empty(v)?;
+            if valid_header_value(v) {
+                Ok(())
+            } else {
+                Err("contains control characters")
+            }
+        })
+        .map(Authority)
     }
-    let timeout_ms =
-        positive("tokenizer.timeout_ms", raw.timeout_ms)?.unwrap_or(DEFAULT_TIMEOUT_MS);
-    if timeout_ms > u64::from(u32::MAX) {
-        return Err(err("tokenizer.timeout_ms", "too large"));
+}
+
+/// The tokenizer's `:path`.
+struct UrlPath(String);
+
+impl<'de> Deserialize<'de> for UrlPath {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        checked_string(d, |v| {
+            if v.starts_with('/') && valid_header_value(v) {
+                Ok(())
+            } else {
+                Err("must be an absolute path starting with /")
+            }
+        })
+        .map(UrlPath)
     }
-    let mut headers = Vec::new();
-    match raw.headers {
-        None => {}
-        Some(Value::Object(map)) => {
-            for (name, value) in map {
-                let field = "tokenizer.headers";
-                if !valid_header_name(&name) || name.starts_with(':') {
-                    return Err(err(field, "header names must be lowercase tokens"));
+}
+
+/// `model`: a name or a non-empty list of names.
+struct Models(Vec<String>);
+
+impl<'de> Deserialize<'de> for Models {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Models;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a non-empty string or a non-empty list of strings")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Models, E> {
+                non_empty(v).map_err(E::custom)?;
+                Ok(Models(vec![v.to_string()]))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Models, A::Error> {
+                let mut out = Vec::new();
+                while let Some(Text(name)) = seq.next_element()? {
+                    out.push(name);
                 }
-                if name == "content-type" || name == "content-length" || name == "host" {
-                    return Err(err(
-                        field,
-                        "content-type, content-length and host are set by the filter",
-                    ));
+                if out.is_empty() {
+                    return Err(de::Error::custom("must not be an empty list"));
                 }
-                let value = match value {
-                    Value::String(s) if valid_header_value(&s) => HeaderValue::Literal(s),
-                    Value::Object(o) if o.len() == 1 => match o.get("env") {
-                        Some(Value::String(var)) if !var.is_empty() => HeaderValue::Env(var.clone()),
-                        _ => return Err(err(field, "an object value must be {\"env\": \"VARIABLE\"}")),
-                    },
-                    _ => {
-                        return Err(err(
-                            field,
-                            "header values must be strings without control characters, or {\"env\": \"VARIABLE\"}",
-                        ))
-                    }
-                };
-                headers.push((name, value));
+                Ok(Models(out))
             }
         }
-        Some(_) => return Err(err("tokenizer.headers", "must be an object of strings")),
+        d.deserialize_any(V)
     }
-    Ok(TokenizerConfig {
-        backend,
-        cluster,
-        authority,
-        path,
-        timeout_ms,
-        headers,
-    })
 }
 
-fn parse_models(v: Option<Value>) -> Result<Option<Vec<String>>, ConfigError> {
-    match v {
-        None => Ok(None),
-        Some(Value::String(s)) if !s.is_empty() => Ok(Some(vec![s])),
-        Some(Value::Array(items)) if !items.is_empty() => items
-            .into_iter()
-            .map(|i| match i {
-                Value::String(s) if !s.is_empty() => Ok(s),
-                _ => Err(err("model", "list entries must be non-empty strings")),
-            })
-            .collect::<Result<Vec<_>, _>>()
-            .map(Some),
-        Some(_) => Err(err(
-            "model",
-            "must be a non-empty string or a non-empty list of strings",
-        )),
+/// `tokenizer.headers`: lowercase names, string or `{"env": NAME}` values, in order. The
+/// messages never repeat a value.
+struct Headers(Vec<(String, HeaderValue)>);
+
+impl<'de> Deserialize<'de> for Headers {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Headers;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("an object of strings")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Headers, A::Error> {
+                let mut out = Vec::new();
+                while let Some(name) = map.next_key::<String>()? {
+                    if !valid_header_name(&name) {
+                        return Err(de::Error::custom("header names must be lowercase tokens"));
+                    }
+                    if name == "content-type" || name == "content-length" || name == "host" {
+                        return Err(de::Error::custom(
+                            "content-type, content-length and host are set by the filter",
+                        ));
+                    }
+                    let value: HeaderValue = map.next_value()?;
+                    out.push((name, value));
+                }
+                Ok(Headers(out))
+            }
+        }
+        d.deserialize_map(V)
     }
+}
+
+impl<'de> Deserialize<'de> for HeaderValue {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        const BAD: &str =
+            "header values must be strings without control characters, or {\"env\": \"VARIABLE\"}";
+        const BAD_ENV: &str = "an object value must be {\"env\": \"VARIABLE\"}";
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = HeaderValue;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a string or {\"env\": \"VARIABLE\"}")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<HeaderValue, E> {
+                if valid_header_value(v) {
+                    Ok(HeaderValue::Literal(v.to_string()))
+                } else {
+                    Err(E::custom(BAD))
+                }
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<HeaderValue, A::Error> {
+                let mut var = None;
+                while let Some(key) = map.next_key::<String>()? {
+                    let value: Value = map.next_value()?;
+                    match (key.as_str(), value, &var) {
+                        ("env", Value::String(name), None) if !name.is_empty() => var = Some(name),
+                        _ => return Err(de::Error::custom(BAD_ENV)),
+                    }
+                }
+                var.map(HeaderValue::Env)
+                    .ok_or_else(|| de::Error::custom(BAD_ENV))
+            }
+            // Any other type: the message, never the value.
+            fn visit_bool<E: de::Error>(self, _: bool) -> Result<HeaderValue, E> {
+                Err(E::custom(BAD))
+            }
+            fn visit_i64<E: de::Error>(self, _: i64) -> Result<HeaderValue, E> {
+                Err(E::custom(BAD))
+            }
+            fn visit_u64<E: de::Error>(self, _: u64) -> Result<HeaderValue, E> {
+                Err(E::custom(BAD))
+            }
+            fn visit_f64<E: de::Error>(self, _: f64) -> Result<HeaderValue, E> {
+                Err(E::custom(BAD))
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<HeaderValue, E> {
+                Err(E::custom(BAD))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, _: A) -> Result<HeaderValue, A::Error> {
+                Err(de::Error::custom(BAD))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+// ---- The configuration's shapes, as they come from JSON. ----
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTokenizer {
+    backend: Option<Backend>,
+    cluster: Option<Text>,
+    authority: Option<Authority>,
+    path: Option<UrlPath>,
+    timeout_ms: Option<Int<1, { u32::MAX as u64 }>>,
+    headers: Option<Headers>,
+}
+
+/// What a route may set (docs/spec.md §16); the rest comes from the top level.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRoute {
+    model: Option<Models>,
+    tokenizer: Option<RawTokenizer>,
+    context_length: Option<Positive>,
+    window_tokens: Option<Positive>,
+    min_output_tokens: Option<Positive>,
+    fallback_margin_tokens: Option<Int<0, I64_MAX>>,
+    on_insufficient: Option<OnInsufficient>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    tokenizer: Option<RawTokenizer>,
+    model: Option<Models>,
+    context_length: Option<Positive>,
+    window_tokens: Option<Positive>,
+    min_output_tokens: Option<Positive>,
+    fallback_margin_tokens: Option<Int<0, I64_MAX>>,
+    cache_entries: Option<Int<1, { 1 << 20 }>>,
+    max_body_bytes: Option<Int<1, { 1 << 30 }>>,
+    on_insufficient: Option<OnInsufficient>,
+    response_headers: Option<bool>,
+    estimate_constrained: Option<bool>,
+    exclude_tools_when_tool_choice_none: Option<bool>,
+    skip_count: Option<bool>,
+    translate_errors: Option<bool>,
+    window_ttl_ms: Option<Positive>,
+    routes: Option<Vec<RawRoute>>,
+}
+
+/// The deserializer's path, as the dotted field name (`routes[1].tokenizer.cluster`).
+fn field_of(path: &[Segment]) -> String {
+    let mut out = String::new();
+    for segment in path {
+        match segment {
+            Segment::Index(index) => out.push_str(&format!("[{index}]")),
+            Segment::Key(key) => {
+                if !out.is_empty() {
+                    out.push('.');
+                }
+                if key.is_empty() {
+                    out.push_str("\"\"");
+                } else {
+                    out.extend(key.escape_debug());
+                }
+            }
+        }
+    }
+    if out.is_empty() {
+        out.push_str("(root)");
+    }
+    out
+}
+
+fn resolve_tokenizer(raw: RawTokenizer, prefix: &str) -> Result<TokenizerConfig, ConfigError> {
+    let cluster = raw
+        .cluster
+        .ok_or_else(|| err(&format!("{prefix}tokenizer.cluster"), "required"))?
+        .0;
+    Ok(TokenizerConfig {
+        backend: raw.backend.unwrap_or(Backend::Vllm),
+        authority: raw.authority.map_or_else(|| cluster.clone(), |a| a.0),
+        cluster,
+        path: raw.path.map_or_else(|| DEFAULT_PATH.to_string(), |p| p.0),
+        timeout_ms: raw.timeout_ms.map_or(DEFAULT_TIMEOUT_MS, |t| t.0),
+        headers: raw.headers.map(|h| h.0).unwrap_or_default(),
+    })
 }
 
 impl Config {
@@ -329,82 +475,157 @@ impl Config {
         if !value.is_object() {
             return Err(err("(root)", "must be a JSON object"));
         }
-        let raw: RawConfig = serde_json::from_value(value).map_err(|e| serde_error("", e))?;
-        let tokenizer = parse_tokenizer(raw.tokenizer)?;
-        let models = parse_models(raw.model)?;
-        let context_length = positive("context_length", raw.context_length)?;
-        let window_tokens = positive("window_tokens", raw.window_tokens)?;
-        let min_output_tokens = positive("min_output_tokens", raw.min_output_tokens)?
-            .unwrap_or(DEFAULT_MIN_OUTPUT_TOKENS);
-        let fallback_margin_tokens =
-            match int("fallback_margin_tokens", raw.fallback_margin_tokens)? {
-                None => DEFAULT_FALLBACK_MARGIN_TOKENS,
-                Some(f) if f >= 0 => f as u64,
-                Some(_) => return Err(err("fallback_margin_tokens", "must be >= 0")),
-            };
-        let cache_entries = match positive("cache_entries", raw.cache_entries)? {
-            None => DEFAULT_CACHE_ENTRIES,
-            Some(n) if n <= 1 << 20 => n as u32,
-            Some(_) => return Err(err("cache_entries", "must be <= 1048576")),
+        let raw: RawConfig = path::deserialize(value).map_err(|e| {
+            // One log line: control characters (a key may hold any) are escaped.
+            let message: String = e
+                .error
+                .to_string()
+                .chars()
+                .flat_map(|c| {
+                    let escaped = c.is_control().then(|| c.escape_debug());
+                    escaped
+                        .into_iter()
+                        .flatten()
+                        .chain((!c.is_control()).then_some(c))
+                })
+                .collect();
+            err(&field_of(&e.path), message)
+        })?;
+        let routes = raw.routes.unwrap_or_default();
+        let own_tokenizer = match raw.tokenizer {
+            Some(t) => Some(resolve_tokenizer(t, "")?),
+            None if routes.is_empty() => return Err(err("tokenizer", "required")),
+            None => None,
         };
-        let max_body_bytes = match positive("max_body_bytes", raw.max_body_bytes)? {
-            None => DEFAULT_MAX_BODY_BYTES,
-            Some(n) if n <= 1 << 30 => n as usize,
-            Some(_) => return Err(err("max_body_bytes", "must be <= 1073741824")),
+        let mut top = Config {
+            tokenizer: TokenizerConfig {
+                backend: Backend::Vllm,
+                cluster: String::new(),
+                authority: String::new(),
+                path: DEFAULT_PATH.to_string(),
+                timeout_ms: DEFAULT_TIMEOUT_MS,
+                headers: Vec::new(),
+            },
+            models: raw.model.map(|m| m.0),
+            context_length: raw.context_length.map(|v| v.0),
+            window_tokens: raw.window_tokens.map(|v| v.0),
+            min_output_tokens: raw
+                .min_output_tokens
+                .map_or(DEFAULT_MIN_OUTPUT_TOKENS, |v| v.0),
+            fallback_margin_tokens: raw
+                .fallback_margin_tokens
+                .map_or(DEFAULT_FALLBACK_MARGIN_TOKENS, |v| v.0),
+            // Both bounded to 32 bits by their types.
+            cache_entries: raw
+                .cache_entries
+                .map_or(DEFAULT_CACHE_ENTRIES, |v| v.0 as u32),
+            max_body_bytes: raw
+                .max_body_bytes
+                .map_or(DEFAULT_MAX_BODY_BYTES, |v| v.0 as usize),
+            on_insufficient: raw.on_insufficient.unwrap_or(OnInsufficient::Passthrough),
+            response_headers: raw.response_headers.unwrap_or(true),
+            estimate_constrained: raw.estimate_constrained.unwrap_or(false),
+            exclude_tools_when_tool_choice_none: raw
+                .exclude_tools_when_tool_choice_none
+                .unwrap_or(false),
+            skip_count: raw.skip_count.unwrap_or(false),
+            translate_errors: raw.translate_errors.unwrap_or(true),
+            window_ttl_ms: raw.window_ttl_ms.map_or(DEFAULT_WINDOW_TTL_MS, |v| v.0),
+            routes: Vec::new(),
         };
-        let on_insufficient = match string("on_insufficient", raw.on_insufficient)?.as_deref() {
-            None | Some("passthrough") => OnInsufficient::Passthrough,
-            Some("reject") => OnInsufficient::Reject,
-            Some(_) => {
-                return Err(err(
-                    "on_insufficient",
-                    "must be \"passthrough\" or \"reject\"",
-                ))
+        let mut resolved: Vec<Config> = Vec::with_capacity(routes.len());
+        for (i, route) in routes.into_iter().enumerate() {
+            let prefix = format!("routes[{i}].");
+            let config = top.route(route, own_tokenizer.as_ref(), &prefix)?;
+            for model in config.models.iter().flatten() {
+                if let Some(j) = resolved
+                    .iter()
+                    .position(|r| r.models.iter().flatten().any(|m| m == model))
+                {
+                    return Err(err(
+                        &format!("{prefix}model"),
+                        format!("{model:?} is already named by routes[{j}]"),
+                    ));
+                }
             }
+            config.check(&prefix)?;
+            resolved.push(config);
+        }
+        match own_tokenizer {
+            Some(t) => {
+                top.tokenizer = t;
+                top.check("")?;
+            }
+            None => {
+                // Models no route names pass unchanged (`model`).
+                if let Some(first) = resolved.first() {
+                    top.tokenizer = TokenizerConfig {
+                        headers: Vec::new(),
+                        ..first.tokenizer.clone()
+                    };
+                }
+                top.models = Some(Vec::new());
+            }
+        }
+        top.routes = resolved;
+        Ok(top)
+    }
+
+    /// A route resolved over this top level, before its checks.
+    fn route(
+        &self,
+        raw: RawRoute,
+        tokenizer: Option<&TokenizerConfig>,
+        prefix: &str,
+    ) -> Result<Config, ConfigError> {
+        let models = raw
+            .model
+            .ok_or_else(|| err(&format!("{prefix}model"), "required"))?
+            .0;
+        let tokenizer = match raw.tokenizer {
+            Some(t) => resolve_tokenizer(t, prefix)?,
+            None => tokenizer.cloned().ok_or_else(|| {
+                err(
+                    &format!("{prefix}tokenizer"),
+                    "required (the top level has no tokenizer)",
+                )
+            })?,
         };
-        let response_headers = boolean("response_headers", raw.response_headers, true)?;
-        let estimate_constrained =
-            boolean("estimate_constrained", raw.estimate_constrained, false)?;
-        let exclude_tools_when_tool_choice_none = boolean(
-            "exclude_tools_when_tool_choice_none",
-            raw.exclude_tools_when_tool_choice_none,
-            false,
-        )?;
-        let translate_errors = boolean("translate_errors", raw.translate_errors, true)?;
-        let window_ttl_ms =
-            positive("window_ttl_ms", raw.window_ttl_ms)?.unwrap_or(DEFAULT_WINDOW_TTL_MS);
-        if exclude_tools_when_tool_choice_none && tokenizer.backend != Backend::Vllm {
-            return Err(err(
-                "exclude_tools_when_tool_choice_none",
-                "is a vllm setting (tokenizer.backend is not vllm)",
-            ));
-        }
-        let skip_count = boolean("skip_count", raw.skip_count, false)?;
-        if skip_count && tokenizer.backend != Backend::Vllm {
-            return Err(err(
-                "skip_count",
-                "is a vllm setting (tokenizer.backend is not vllm)",
-            ));
-        }
-        let config = Config {
+        Ok(Config {
             tokenizer,
-            models,
-            context_length,
-            window_tokens,
-            min_output_tokens,
-            fallback_margin_tokens,
-            cache_entries,
-            max_body_bytes,
-            on_insufficient,
-            response_headers,
-            estimate_constrained,
-            exclude_tools_when_tool_choice_none,
-            skip_count,
-            translate_errors,
-            window_ttl_ms,
-        };
-        config.check_window()?;
-        Ok(config)
+            models: Some(models),
+            context_length: raw.context_length.map(|v| v.0).or(self.context_length),
+            window_tokens: raw.window_tokens.map(|v| v.0).or(self.window_tokens),
+            min_output_tokens: raw
+                .min_output_tokens
+                .map_or(self.min_output_tokens, |v| v.0),
+            fallback_margin_tokens: raw
+                .fallback_margin_tokens
+                .map_or(self.fallback_margin_tokens, |v| v.0),
+            on_insufficient: raw.on_insufficient.unwrap_or(self.on_insufficient),
+            routes: Vec::new(),
+            ..self.clone()
+        })
+    }
+
+    /// The checks that relate fields, with `prefix` before every field named.
+    fn check(&self, prefix: &str) -> Result<(), ConfigError> {
+        if self.exclude_tools_when_tool_choice_none && self.tokenizer.backend != Backend::Vllm {
+            return Err(err(
+                &format!("{prefix}exclude_tools_when_tool_choice_none"),
+                "is a vllm setting (tokenizer.backend is not vllm)",
+            ));
+        }
+        if self.skip_count && self.tokenizer.backend != Backend::Vllm {
+            return Err(err(
+                &format!("{prefix}skip_count"),
+                "is a vllm setting (tokenizer.backend is not vllm)",
+            ));
+        }
+        self.check_window().map_err(|e| ConfigError {
+            field: format!("{prefix}{}", e.field),
+            ..e
+        })
     }
 
     /// Replaces every `{"env": NAME}` header value by the variable's value. A missing or
@@ -413,9 +634,21 @@ impl Config {
         &mut self,
         lookup: impl Fn(&str) -> Option<String>,
     ) -> Result<(), ConfigError> {
+        self.resolve_env_at(&lookup, "")?;
+        for (i, route) in self.routes.iter_mut().enumerate() {
+            route.resolve_env_at(&lookup, &format!("routes[{i}]."))?;
+        }
+        Ok(())
+    }
+
+    fn resolve_env_at(
+        &mut self,
+        lookup: &impl Fn(&str) -> Option<String>,
+        prefix: &str,
+    ) -> Result<(), ConfigError> {
         for (name, value) in &mut self.tokenizer.headers {
             if let HeaderValue::Env(var) = value {
-                let field = format!("tokenizer.headers.{name}");
+                let field = format!("{prefix}tokenizer.headers.{name}");
                 let resolved = lookup(var)
                     .ok_or_else(|| err(&field, format!("environment variable {var} is not set")))?;
                 if resolved.is_empty() || !valid_header_value(&resolved) {
@@ -495,9 +728,25 @@ impl Config {
 
     /// One log line's worth: counts and names only, never header values.
     pub fn summary(&self) -> String {
+        let mut out = if self.models.as_ref().is_some_and(Vec::is_empty) {
+            "configured; no tokenizer at the top level".to_string()
+        } else {
+            format!("configured; {}", self.route_summary())
+        };
+        for (i, route) in self.routes.iter().enumerate() {
+            let models = route.models.as_ref().map_or(0, Vec::len);
+            out.push_str(&format!(
+                "; routes[{i}] ({models} model(s)): {}",
+                route.route_summary()
+            ));
+        }
+        out
+    }
+
+    fn route_summary(&self) -> String {
         let t = &self.tokenizer;
         format!(
-            "configured; backend {}, tokenizer cluster {}, context_length {:?}, window {:?}, reserve {}, margin {}",
+            "backend {}, tokenizer cluster {}, context_length {:?}, window {:?}, reserve {}, margin {}",
             t.backend.as_str(),
             t.cluster,
             self.context_length,
@@ -507,13 +756,24 @@ impl Config {
         )
     }
 
-    /// Whether a request's `model` is budgeted.
+    /// Whether a request's `model` is budgeted: by the route that names it, or here.
     pub fn accepts_model(&self, model: Option<&str>) -> bool {
+        if self.route_of(model).is_some() {
+            return true;
+        }
         match (&self.models, model) {
             (None, _) => true,
             (Some(list), Some(m)) => list.iter().any(|x| x == m),
             (Some(_), None) => false,
         }
+    }
+
+    /// The route that names `model`, if any (docs/spec.md §16).
+    pub fn route_of(&self, model: Option<&str>) -> Option<usize> {
+        let model = model?;
+        self.routes
+            .iter()
+            .position(|r| r.models.iter().flatten().any(|m| m == model))
     }
 }
 
@@ -739,5 +999,154 @@ mod tests {
     fn error_display_names_field() {
         let e = parse(r#"{"tokenizer":{"cluster":"v"},"bogus":1}"#).unwrap_err();
         assert!(e.to_string().contains("`bogus`"), "{e}");
+    }
+
+    #[test]
+    fn fields_come_from_the_deserializer_path() {
+        assert_eq!(
+            field_of(r#"{"tokenizer":{"cluster":"v","headers":{"a":5}}}"#),
+            "tokenizer.headers.a"
+        );
+        assert_eq!(
+            field_of(r#"{"tokenizer":{"cluster":"v"},"model":["a",""]}"#),
+            "model[1]"
+        );
+        assert_eq!(
+            field_of(r#"{"tokenizer":{"cluster":"v"},"cache_entries":2000000}"#),
+            "cache_entries"
+        );
+        assert_eq!(
+            field_of(r#"{"tokenizer":{"cluster":"v","timeout_ms":4294967296}}"#),
+            "tokenizer.timeout_ms"
+        );
+        assert_eq!(
+            field_of(r#"{"tokenizer":{"cluster":"v"},"min_output_tokens":18446744073709551615}"#),
+            "min_output_tokens"
+        );
+        assert_eq!(field_of(r#"{"tokenizer":{"cluster":"v"},"":1}"#), "\"\"");
+        // A header value is never repeated in the message.
+        let e = parse(r#"{"tokenizer":{"cluster":"v","headers":{"a":["secret"]}}}"#).unwrap_err();
+        assert!(!e.to_string().contains("secret"), "{e}");
+        let e = parse(r#"{"tokenizer":{"cluster":"v","headers":{"a":{"env":"X","k":"secret"}}}}"#)
+            .unwrap_err();
+        assert!(!e.to_string().contains("secret"), "{e}");
+    }
+
+    const TWO: &str = r#"{"routes":[
+        {"model":"coder","tokenizer":{"cluster":"a"},"context_length":8192,"min_output_tokens":100},
+        {"model":["small","fast"],"tokenizer":{"cluster":"b","backend":"sglang"},"window_tokens":2048,
+         "min_output_tokens":64,"fallback_margin_tokens":32,"on_insufficient":"reject"}]}"#;
+
+    #[test]
+    fn routes_resolve_over_the_top_level() {
+        let c = parse(TWO).unwrap();
+        assert_eq!(c.routes.len(), 2);
+        assert_eq!(c.models, Some(vec![]));
+        assert_eq!(c.route_of(Some("coder")), Some(0));
+        assert_eq!(c.route_of(Some("fast")), Some(1));
+        assert_eq!(c.route_of(Some("other")), None);
+        assert_eq!(c.route_of(None), None);
+        assert!(c.accepts_model(Some("small")));
+        assert!(!c.accepts_model(Some("other")));
+        let (a, b) = (&c.routes[0], &c.routes[1]);
+        assert_eq!(a.tokenizer.cluster, "a");
+        assert_eq!((a.context_length, a.window()), (Some(8192), Some(8192)));
+        assert_eq!(a.fallback_margin_tokens, DEFAULT_FALLBACK_MARGIN_TOKENS);
+        assert_eq!(a.on_insufficient, OnInsufficient::Passthrough);
+        assert_eq!(b.tokenizer.backend, Backend::Sglang);
+        assert_eq!((b.context_length, b.window()), (None, Some(2048)));
+        assert_eq!(b.on_insufficient, OnInsufficient::Reject);
+        assert!(a.routes.is_empty());
+        assert!(c
+            .summary()
+            .contains("routes[1] (2 model(s)): backend sglang"));
+
+        // With a top-level tokenizer: inherited by a route without one; other models use it.
+        let c = parse(
+            r#"{"tokenizer":{"cluster":"top"},"context_length":32768,
+            "routes":[{"model":"m","window_tokens":16000},{"model":"n","tokenizer":{"cluster":"n"}}]}"#,
+        )
+        .unwrap();
+        assert_eq!(c.models, None);
+        assert!(c.accepts_model(Some("other")));
+        assert_eq!(c.routes[0].tokenizer.cluster, "top");
+        assert_eq!(c.routes[0].window(), Some(16000));
+        assert_eq!(c.routes[1].context_length, Some(32768));
+        assert_eq!(c.routes[1].tokenizer.cluster, "n");
+    }
+
+    #[test]
+    fn route_refusals_name_the_field() {
+        let route = |r: &str| {
+            field_of(&format!(
+                r#"{{"tokenizer":{{"cluster":"v"}},"routes":[{{"model":"a"}},{r}]}}"#
+            ))
+        };
+        assert_eq!(route(r#"{"model":"a"}"#), "routes[1].model");
+        assert_eq!(route(r#"{"model":["b","a"]}"#), "routes[1].model");
+        assert_eq!(route(r#"{}"#), "routes[1].model");
+        assert_eq!(route(r#"{"model":[]}"#), "routes[1].model");
+        assert_eq!(
+            route(r#"{"model":"b","tokenizer":{}}"#),
+            "routes[1].tokenizer.cluster"
+        );
+        assert_eq!(
+            route(r#"{"model":"b","tokenizer":{"cluster":5}}"#),
+            "routes[1].tokenizer.cluster"
+        );
+        assert_eq!(
+            route(r#"{"model":"b","tokenizer":{"cluster":"c","backend":"tgi"}}"#),
+            "routes[1].tokenizer.backend"
+        );
+        assert_eq!(
+            route(r#"{"model":"b","cache_entries":5}"#),
+            "routes[1].cache_entries"
+        );
+        assert_eq!(
+            route(r#"{"model":"b","min_output_tokens":0}"#),
+            "routes[1].min_output_tokens"
+        );
+        // Validated as a whole configuration: its own window against the inherited R and F.
+        assert_eq!(
+            route(r#"{"model":"b","context_length":3000}"#),
+            "routes[1].min_output_tokens"
+        );
+        assert_eq!(
+            route(r#"{"model":"b","context_length":30000,"window_tokens":40000}"#),
+            "routes[1].window_tokens"
+        );
+        assert_eq!(
+            field_of(r#"{"routes":[{"model":"a","tokenizer":{"cluster":"x"}},{"model":"b"}]}"#),
+            "routes[1].tokenizer"
+        );
+        assert_eq!(
+            field_of(
+                r#"{"exclude_tools_when_tool_choice_none":true,"routes":[{"model":"a","tokenizer":{"cluster":"x","backend":"llamacpp"}}]}"#
+            ),
+            "routes[0].exclude_tools_when_tool_choice_none"
+        );
+        assert_eq!(field_of(r#"{"routes":[]}"#), "tokenizer");
+        assert_eq!(field_of(r#"{"routes":{}}"#), "routes");
+        // The top level without a tokenizer is not checked as one (nothing is counted there).
+        assert_eq!(
+            field_of(
+                r#"{"window_tokens":100,"routes":[{"model":"a","tokenizer":{"cluster":"x"}}]}"#
+            ),
+            "routes[0].fallback_margin_tokens"
+        );
+        assert!(parse(r#"{"context_length":100,"routes":[{"model":"a","tokenizer":{"cluster":"x"},"context_length":8000,"min_output_tokens":10,"fallback_margin_tokens":10}]}"#).is_ok());
+    }
+
+    #[test]
+    fn route_headers_resolve_with_their_field() {
+        let mut c = parse(
+            r#"{"routes":[{"model":"a","tokenizer":{"cluster":"x","headers":{"authorization":{"env":"A"}}}}]}"#,
+        )
+        .unwrap();
+        assert!(c.tokenizer.headers.is_empty());
+        let e = c.clone().resolve_env(|_| None).unwrap_err();
+        assert_eq!(e.field, "routes[0].tokenizer.headers.authorization");
+        c.resolve_env(|_| Some("Bearer k".to_string())).unwrap();
+        assert_eq!(c.routes[0].literal_headers().count(), 1);
     }
 }

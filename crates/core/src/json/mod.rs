@@ -1,9 +1,11 @@
 //! The byte-level JSON toolkit: a validating scanner of top-level members (`scan`), the skim
 //! that only finds a value's end (`skim`, over the 64-byte block masks of `blocks`), the
-//! compactor of the tokenizer payload (`compact`) and a vector substring search (`find`).
+//! compactor of the tokenizer payload (`compact`), a vector substring search (`find`), and the
+//! `serde` reader of a parsed value that reports the path of its errors (`path`).
 
 pub mod blocks;
 pub mod compact;
 pub mod find;
+pub mod path;
 pub mod scan;
 pub mod skim;

@@ -13,16 +13,14 @@ use serde_json::Value;
 use std::fmt;
 
 /// What to do when the budget leaves less than the required minimum.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OnInsufficient {
     Passthrough,
     Reject,
 }
 
 /// The model server that counts (docs/spec.md §11).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Backend {
     Vllm,
     Sglang,
@@ -30,6 +28,8 @@ pub enum Backend {
 }
 
 impl Backend {
+    pub const ALL: [Backend; 3] = [Backend::Vllm, Backend::Sglang, Backend::Llamacpp];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Backend::Vllm => "vllm",
@@ -131,6 +131,65 @@ pub const DEFAULT_WINDOW_TTL_MS: u64 = 60_000;
 pub const DEFAULT_PATH: &str = "/tokenize";
 
 // ---- Value types: each refuses what its field does not accept. ----
+//
+// Every scalar field is read by the one `Scalar` reader and then checked by its type, so the
+// deserializer is instantiated once for all of them (it keeps the wasm module small).
+
+/// A JSON value as a configuration field first reads it.
+enum Scalar {
+    Unsigned(u64),
+    Negative,
+    Float,
+    Bool(bool),
+    Str(String),
+    /// null, an object or an array.
+    Other,
+}
+
+impl<'de> Deserialize<'de> for Scalar {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Scalar;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a value")
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Scalar, E> {
+                Ok(Scalar::Unsigned(v))
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Scalar, E> {
+                Ok(u64::try_from(v).map_or(Scalar::Negative, Scalar::Unsigned))
+            }
+            fn visit_f64<E: de::Error>(self, _: f64) -> Result<Scalar, E> {
+                Ok(Scalar::Float)
+            }
+            fn visit_bool<E: de::Error>(self, v: bool) -> Result<Scalar, E> {
+                Ok(Scalar::Bool(v))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Scalar, E> {
+                Ok(Scalar::Str(v.to_string()))
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<Scalar, E> {
+                Ok(Scalar::Other)
+            }
+            fn visit_map<A: MapAccess<'de>>(self, _: A) -> Result<Scalar, A::Error> {
+                Ok(Scalar::Other)
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, _: A) -> Result<Scalar, A::Error> {
+                Ok(Scalar::Other)
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// Reads a scalar and checks it with `check`, whose error message becomes the field's.
+fn scalar<'de, D: Deserializer<'de>, T>(
+    d: D,
+    check: impl FnOnce(Scalar) -> Result<T, String>,
+) -> Result<T, D::Error> {
+    check(Scalar::deserialize(d)?).map_err(de::Error::custom)
+}
 
 /// An integer in `MIN..=MAX` (not a bool, a float or a string).
 #[derive(Debug, Clone, Copy)]
@@ -140,43 +199,38 @@ const I64_MAX: u64 = i64::MAX as u64;
 /// An integer > 0.
 type Positive = Int<1, I64_MAX>;
 
+fn int_in(v: Scalar, min: u64, max: u64) -> Result<u64, String> {
+    let below = || {
+        if min == 1 {
+            "must be > 0".to_string()
+        } else {
+            format!("must be >= {min}")
+        }
+    };
+    match v {
+        Scalar::Unsigned(n) if n < min => Err(below()),
+        Scalar::Unsigned(n) if n > max => Err(format!("must be <= {max}")),
+        Scalar::Unsigned(n) => Ok(n),
+        Scalar::Negative => Err(below()),
+        _ => Err("must be an integer".to_string()),
+    }
+}
+
 impl<'de, const MIN: u64, const MAX: u64> Deserialize<'de> for Int<MIN, MAX> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V<const MIN: u64, const MAX: u64>;
-        impl<const MIN: u64, const MAX: u64> V<MIN, MAX> {
-            fn below<E: de::Error>() -> E {
-                if MIN == 1 {
-                    E::custom("must be > 0")
-                } else {
-                    E::custom(format_args!("must be >= {MIN}"))
-                }
-            }
-        }
-        impl<const MIN: u64, const MAX: u64> Visitor<'_> for V<MIN, MAX> {
-            type Value = Int<MIN, MAX>;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("an integer")
-            }
-            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Self::Value, E> {
-                if v < MIN {
-                    Err(Self::below())
-                } else if v > MAX {
-                    Err(E::custom(format_args!("must be <= {MAX}")))
-                } else {
-                    Ok(Int(v))
-                }
-            }
-            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Self::Value, E> {
-                match u64::try_from(v) {
-                    Ok(v) => self.visit_u64(v),
-                    Err(_) => Err(Self::below()),
-                }
-            }
-            fn visit_f64<E: de::Error>(self, _: f64) -> Result<Self::Value, E> {
-                Err(E::custom("must be an integer"))
-            }
-        }
-        d.deserialize_any(V::<MIN, MAX>)
+        scalar(d, |v| int_in(v, MIN, MAX)).map(Int)
+    }
+}
+
+/// `true` or `false`.
+struct Flag(bool);
+
+impl<'de> Deserialize<'de> for Flag {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        scalar(d, |v| match v {
+            Scalar::Bool(b) => Ok(Flag(b)),
+            _ => Err("must be true or false".to_string()),
+        })
     }
 }
 
@@ -194,30 +248,12 @@ fn valid_header_name(name: &str) -> bool {
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"-_.".contains(&b))
 }
 
-/// Deserializes a string and checks it with `check` (its error message, or the string).
-fn checked_string<'de, D: Deserializer<'de>>(
-    d: D,
-    check: fn(&str) -> Result<(), &'static str>,
-) -> Result<String, D::Error> {
-    struct V(fn(&str) -> Result<(), &'static str>);
-    impl Visitor<'_> for V {
-        type Value = String;
-        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-            f.write_str("a string")
-        }
-        fn visit_str<E: de::Error>(self, v: &str) -> Result<String, E> {
-            (self.0)(v).map_err(E::custom)?;
-            Ok(v.to_string())
-        }
-    }
-    d.deserialize_str(V(check))
-}
-
-fn non_empty(v: &str) -> Result<(), &'static str> {
-    if v.is_empty() {
-        Err("must not be empty")
-    } else {
-        Ok(())
+/// A non-empty string that passes `check` (its message otherwise).
+fn text(v: Scalar, check: fn(&str) -> Result<(), &'static str>) -> Result<String, String> {
+    match v {
+        Scalar::Str(s) if s.is_empty() => Err("must not be empty".to_string()),
+        Scalar::Str(s) => check(&s).map(|()| s).map_err(str::to_string),
+        _ => Err("must be a string".to_string()),
     }
 }
 
@@ -227,7 +263,7 @@ struct Text(String);
 
 impl<'de> Deserialize<'de> for Text {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        checked_string(d, non_empty).map(Text)
+        scalar(d, |v| text(v, |_| Ok(()))).map(Text)
     }
 }
 
@@ -236,13 +272,14 @@ struct Authority(String);
 
 impl<'de> Deserialize<'de> for Authority {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        checked_string(d, |v| {
-            non_empty(v)?;
-            if valid_header_value(v) {
-                Ok(())
-            } else {
-                Err("contains control characters")
-            }
+        scalar(d, |v| {
+            text(v, |s| {
+                if valid_header_value(s) {
+                    Ok(())
+                } else {
+                    Err("contains control characters")
+                }
+            })
         })
         .map(Authority)
     }
@@ -253,14 +290,41 @@ struct UrlPath(String);
 
 impl<'de> Deserialize<'de> for UrlPath {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        checked_string(d, |v| {
-            if v.starts_with('/') && valid_header_value(v) {
-                Ok(())
-            } else {
-                Err("must be an absolute path starting with /")
-            }
+        scalar(d, |v| {
+            text(v, |s| {
+                if s.starts_with('/') && valid_header_value(s) {
+                    Ok(())
+                } else {
+                    Err("must be an absolute path starting with /")
+                }
+            })
         })
         .map(UrlPath)
+    }
+}
+
+impl<'de> Deserialize<'de> for Backend {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        scalar(d, |v| {
+            let name = text(v, |_| Ok(()))?;
+            Backend::ALL
+                .into_iter()
+                .find(|b| b.as_str() == name)
+                .ok_or_else(|| {
+                    let known: Vec<&str> = Backend::ALL.iter().map(|b| b.as_str()).collect();
+                    format!("unknown backend (known: {})", known.join(", "))
+                })
+        })
+    }
+}
+
+impl<'de> Deserialize<'de> for OnInsufficient {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        scalar(d, |v| match v {
+            Scalar::Str(s) if s == "passthrough" => Ok(OnInsufficient::Passthrough),
+            Scalar::Str(s) if s == "reject" => Ok(OnInsufficient::Reject),
+            _ => Err("must be \"passthrough\" or \"reject\"".to_string()),
+        })
     }
 }
 
@@ -276,7 +340,9 @@ impl<'de> Deserialize<'de> for Models {
                 f.write_str("a non-empty string or a non-empty list of strings")
             }
             fn visit_str<E: de::Error>(self, v: &str) -> Result<Models, E> {
-                non_empty(v).map_err(E::custom)?;
+                if v.is_empty() {
+                    return Err(E::custom("must not be empty"));
+                }
                 Ok(Models(vec![v.to_string()]))
             }
             fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Models, A::Error> {
@@ -329,55 +395,22 @@ impl<'de> Deserialize<'de> for Headers {
 
 impl<'de> Deserialize<'de> for HeaderValue {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        const BAD: &str =
-            "header values must be strings without control characters, or {\"env\": \"VARIABLE\"}";
-        const BAD_ENV: &str = "an object value must be {\"env\": \"VARIABLE\"}";
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = HeaderValue;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a string or {\"env\": \"VARIABLE\"}")
-            }
-            fn visit_str<E: de::Error>(self, v: &str) -> Result<HeaderValue, E> {
-                if valid_header_value(v) {
-                    Ok(HeaderValue::Literal(v.to_string()))
-                } else {
-                    Err(E::custom(BAD))
+        // Read as a whole value: the messages never repeat it.
+        let bad = || {
+            de::Error::custom("header values must be strings without control characters, or {\"env\": \"VARIABLE\"}")
+        };
+        match Value::deserialize(d)? {
+            Value::String(s) if valid_header_value(&s) => Ok(HeaderValue::Literal(s)),
+            Value::Object(o) => match o.get("env") {
+                Some(Value::String(var)) if o.len() == 1 && !var.is_empty() => {
+                    Ok(HeaderValue::Env(var.clone()))
                 }
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<HeaderValue, A::Error> {
-                let mut var = None;
-                while let Some(key) = map.next_key::<String>()? {
-                    let value: Value = map.next_value()?;
-                    match (key.as_str(), value, &var) {
-                        ("env", Value::String(name), None) if !name.is_empty() => var = Some(name),
-                        _ => return Err(de::Error::custom(BAD_ENV)),
-                    }
-                }
-                var.map(HeaderValue::Env)
-                    .ok_or_else(|| de::Error::custom(BAD_ENV))
-            }
-            // Any other type: the message, never the value.
-            fn visit_bool<E: de::Error>(self, _: bool) -> Result<HeaderValue, E> {
-                Err(E::custom(BAD))
-            }
-            fn visit_i64<E: de::Error>(self, _: i64) -> Result<HeaderValue, E> {
-                Err(E::custom(BAD))
-            }
-            fn visit_u64<E: de::Error>(self, _: u64) -> Result<HeaderValue, E> {
-                Err(E::custom(BAD))
-            }
-            fn visit_f64<E: de::Error>(self, _: f64) -> Result<HeaderValue, E> {
-                Err(E::custom(BAD))
-            }
-            fn visit_unit<E: de::Error>(self) -> Result<HeaderValue, E> {
-                Err(E::custom(BAD))
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, _: A) -> Result<HeaderValue, A::Error> {
-                Err(de::Error::custom(BAD))
-            }
+                _ => Err(de::Error::custom(
+                    "an object value must be {\"env\": \"VARIABLE\"}",
+                )),
+            },
+            _ => Err(bad()),
         }
-        d.deserialize_any(V)
     }
 }
 
@@ -419,11 +452,11 @@ struct RawConfig {
     cache_entries: Option<Int<1, { 1 << 20 }>>,
     max_body_bytes: Option<Int<1, { 1 << 30 }>>,
     on_insufficient: Option<OnInsufficient>,
-    response_headers: Option<bool>,
-    estimate_constrained: Option<bool>,
-    exclude_tools_when_tool_choice_none: Option<bool>,
-    skip_count: Option<bool>,
-    translate_errors: Option<bool>,
+    response_headers: Option<Flag>,
+    estimate_constrained: Option<Flag>,
+    exclude_tools_when_tool_choice_none: Option<Flag>,
+    skip_count: Option<Flag>,
+    translate_errors: Option<Flag>,
     window_ttl_ms: Option<Positive>,
     routes: Option<Vec<RawRoute>>,
 }
@@ -523,13 +556,13 @@ impl Config {
                 .max_body_bytes
                 .map_or(DEFAULT_MAX_BODY_BYTES, |v| v.0 as usize),
             on_insufficient: raw.on_insufficient.unwrap_or(OnInsufficient::Passthrough),
-            response_headers: raw.response_headers.unwrap_or(true),
-            estimate_constrained: raw.estimate_constrained.unwrap_or(false),
+            response_headers: raw.response_headers.map(|f| f.0).unwrap_or(true),
+            estimate_constrained: raw.estimate_constrained.map(|f| f.0).unwrap_or(false),
             exclude_tools_when_tool_choice_none: raw
                 .exclude_tools_when_tool_choice_none
-                .unwrap_or(false),
-            skip_count: raw.skip_count.unwrap_or(false),
-            translate_errors: raw.translate_errors.unwrap_or(true),
+                .is_some_and(|f| f.0),
+            skip_count: raw.skip_count.map(|f| f.0).unwrap_or(false),
+            translate_errors: raw.translate_errors.map(|f| f.0).unwrap_or(true),
             window_ttl_ms: raw.window_ttl_ms.map_or(DEFAULT_WINDOW_TTL_MS, |v| v.0),
             routes: Vec::new(),
         };

@@ -80,6 +80,62 @@ pub trait Host {
         None
     }
     fn record(&mut self, _histogram: Histogram, _value: u64) {}
+    /// The same metric, for the route (docs/spec.md §16) the request went to; `increment`
+    /// counts it for the whole configuration too.
+    fn increment_route(&mut self, route: usize, metric: Metric) {
+        let _ = (route, metric);
+    }
+}
+
+/// A host whose metrics also count for one route.
+struct RouteHost<'h> {
+    host: &'h mut dyn Host,
+    route: usize,
+}
+
+impl Host for RouteHost<'_> {
+    fn get_shared(&mut self, key: &str) -> Option<Vec<u8>> {
+        self.host.get_shared(key)
+    }
+    fn set_shared(&mut self, key: &str, value: &[u8]) {
+        self.host.set_shared(key, value)
+    }
+    fn dispatch(
+        &mut self,
+        cluster: &str,
+        headers: &[(&str, &str)],
+        call: &Call,
+        timeout_ms: u64,
+    ) -> Option<u32> {
+        self.host.dispatch(cluster, headers, call, timeout_ms)
+    }
+    fn increment(&mut self, metric: Metric) {
+        self.host.increment(metric);
+        self.host.increment_route(self.route, metric);
+    }
+    fn now_ms(&mut self) -> Option<u64> {
+        self.host.now_ms()
+    }
+    fn record(&mut self, histogram: Histogram, value: u64) {
+        self.host.record(histogram, value)
+    }
+    fn increment_route(&mut self, route: usize, metric: Metric) {
+        self.host.increment_route(route, metric);
+    }
+}
+
+/// Runs `step` on the route `route` names (with its metrics counted for it too), or on
+/// `plugin` itself.
+fn on_route<T>(
+    plugin: &Plugin,
+    route: Option<usize>,
+    host: &mut dyn Host,
+    step: impl FnOnce(&Plugin, &mut dyn Host) -> T,
+) -> T {
+    match route.and_then(|i| Some((i, plugin.routes.get(i)?))) {
+        Some((route, scoped)) => step(scoped, &mut RouteHost { host, route }),
+        None => step(plugin, host),
+    }
 }
 
 /// One plugin configuration: what every request it filters shares.
@@ -90,23 +146,39 @@ pub struct Plugin {
     scope: String,
     /// Whether "the learned window is too small" was logged already.
     warned_window: Cell<bool>,
+    /// One per route of the configuration, in order: each its own scope.
+    routes: Vec<Plugin>,
 }
 
 impl Plugin {
     pub fn new(config: Config) -> Plugin {
+        Plugin::scoped(config, String::new())
+    }
+
+    /// A plugin whose shared-data keys start with `prefix` (a route's own scope).
+    fn scoped(config: Config, prefix: String) -> Plugin {
         let t = &config.tokenizer;
         let scope = format!(
-            "{}|{}|{}|{}",
+            "{prefix}{}|{}|{}|{}",
             t.backend.as_str(),
             t.cluster,
             t.authority,
             t.path
         );
+        let routes = (config.routes.iter().cloned().enumerate())
+            .map(|(i, route)| Plugin::scoped(route, format!("routes[{i}]|")))
+            .collect();
         Plugin {
             config,
             scope,
             warned_window: Cell::new(false),
+            routes,
         }
+    }
+
+    /// The number of routes (each has its own counters).
+    pub fn routes(&self) -> usize {
+        self.routes.len()
     }
 
     /// Whether a bound may stand in for this request's count (docs/spec.md §15).
@@ -288,6 +360,8 @@ pub struct Exchange {
     /// What the request side knew, for the answer (set once the flow decided with a count).
     budget: Option<Budget>,
     response: Response,
+    /// The route the request's model is named by (docs/spec.md §16).
+    route: Option<usize>,
 }
 
 impl Default for Exchange {
@@ -305,7 +379,20 @@ impl Exchange {
             replied: false,
             budget: None,
             response: Response::default(),
+            route: None,
         }
+    }
+
+    /// Runs `step` on the request's route (docs/spec.md §16): the route its model is named
+    /// by, with metrics counted for it too, or `plugin` itself.
+    fn routed<T>(
+        &mut self,
+        plugin: &Plugin,
+        host: &mut dyn Host,
+        step: impl FnOnce(&mut Self, &Plugin, &mut dyn Host) -> T,
+    ) -> T {
+        let route = self.route;
+        on_route(plugin, route, host, |plugin, host| step(self, plugin, host))
     }
 
     fn unchanged(&mut self, host: &mut dyn Host, reason: Reason, count: Option<(u64, Source)>) {
@@ -403,14 +490,33 @@ impl Exchange {
 
     /// The complete body.
     pub fn on_body(&mut self, plugin: &Plugin, host: &mut dyn Host, body: Vec<u8>) -> Step {
-        let config = &plugin.config;
-        let req = match analyze_at(&body, config, self.endpoint) {
+        // The analysis reads only what every route shares with the top level (the model
+        // filter counts the models the routes name).
+        let req = match analyze_at(&body, &plugin.config, self.endpoint) {
             Ok(r) => r,
             Err(reason) => {
                 self.unchanged(host, reason, None);
                 return Step::Done(Action::Continue);
             }
         };
+        if !plugin.routes.is_empty() {
+            self.route = plugin.config.route_of(Some(&req.model_name(&body)));
+            if let Some(route) = self.route {
+                host.increment_route(route, Metric::Requests);
+            }
+        }
+        self.routed(plugin, host, |x, plugin, host| {
+            x.on_analyzed(plugin, host, req, body)
+        })
+    }
+
+    fn on_analyzed(
+        &mut self,
+        plugin: &Plugin,
+        host: &mut dyn Host,
+        req: Request,
+        body: Vec<u8>,
+    ) -> Step {
         match req.counting {
             Counting::Tokenize => self.count(plugin, host, req, body),
             _ if !self.validated(host, &req, &body) => Step::Done(Action::Continue),
@@ -620,6 +726,12 @@ impl Exchange {
     /// request is counted now, off its path and off its answer's, to check the bound and to
     /// anchor the conversation's next turn.
     pub fn on_stream_end(&mut self, plugin: &Plugin, host: &mut dyn Host) {
+        self.routed(plugin, host, |x, plugin, host| {
+            x.on_route_stream_end(plugin, host)
+        })
+    }
+
+    fn on_route_stream_end(&mut self, plugin: &Plugin, host: &mut dyn Host) {
         // Any other state is left as it is: a call still out becomes an orphan on deletion.
         if !matches!(self.state, State::Skipped { .. }) {
             return;
@@ -720,6 +832,17 @@ impl Exchange {
         host: &mut dyn Host,
         answer: &Answer,
     ) -> Option<Step> {
+        self.routed(plugin, host, |x, plugin, host| {
+            x.on_route_reply(plugin, host, answer)
+        })
+    }
+
+    fn on_route_reply(
+        &mut self,
+        plugin: &Plugin,
+        host: &mut dyn Host,
+        answer: &Answer,
+    ) -> Option<Step> {
         Some(match self.take_answer(plugin, host, answer)? {
             Answered::Check(pending, bound, counted) => {
                 // The request went on already: nothing to apply.
@@ -768,6 +891,7 @@ impl Exchange {
             key,
             model,
             link,
+            route: self.route,
         })
     }
 
@@ -1007,6 +1131,18 @@ impl Exchange {
         data: &[u8],
         end_of_stream: bool,
     ) -> response::Edit {
+        self.routed(plugin, host, |x, plugin, host| {
+            x.on_route_response_data(plugin, host, data, end_of_stream)
+        })
+    }
+
+    fn on_route_response_data(
+        &mut self,
+        plugin: &Plugin,
+        host: &mut dyn Host,
+        data: &[u8],
+        end_of_stream: bool,
+    ) -> response::Edit {
         let out = self
             .response
             .on_data(self.budget.as_ref(), data, end_of_stream);
@@ -1035,7 +1171,12 @@ impl Exchange {
             .as_ref()
             .and_then(|r| Some((r.prompt?, r.source?)));
         self.replied = false;
-        self.unchanged(host, Reason::Internal, counted);
+        match self.route {
+            Some(route) => {
+                self.unchanged(&mut RouteHost { host, route }, Reason::Internal, counted)
+            }
+            None => self.unchanged(host, Reason::Internal, counted),
+        }
     }
 
     fn report_headers(&self) -> Vec<(&'static str, String)> {
@@ -1169,6 +1310,8 @@ pub struct Orphan {
     key: u128,
     model: String,
     link: Option<u128>,
+    /// The request's route (docs/spec.md §16).
+    route: Option<usize>,
 }
 
 /// What an orphan's call asked.
@@ -1196,6 +1339,13 @@ impl Orphan {
         if answer.token != self.token {
             return false;
         }
+        on_route(plugin, self.route, host, |plugin, host| {
+            self.on_route_reply(plugin, host, answer)
+        });
+        true
+    }
+
+    fn on_route_reply(&self, plugin: &Plugin, host: &mut dyn Host, answer: &Answer) {
         let count =
             |kind| answer.read(|b| backend::parse_count(&plugin.config, kind, answer.status, b));
         match self.call {
@@ -1217,7 +1367,6 @@ impl Orphan {
                 count(kind),
             ),
         }
-        true
     }
 }
 
@@ -1314,6 +1463,7 @@ mod tests {
         shared: HashMap<String, Vec<u8>>,
         calls: Vec<Dispatched>,
         metrics: Vec<Metric>,
+        route_metrics: Vec<(usize, Metric)>,
         refuse: bool,
         /// The clock, in ms.
         now: u64,
@@ -1346,6 +1496,9 @@ mod tests {
         }
         fn increment(&mut self, metric: Metric) {
             self.metrics.push(metric);
+        }
+        fn increment_route(&mut self, route: usize, metric: Metric) {
+            self.route_metrics.push((route, metric));
         }
         fn now_ms(&mut self) -> Option<u64> {
             Some(self.now)
@@ -2818,5 +2971,127 @@ mod tests {
             error_message(&out),
             "This model's maximum context length is 4096 tokens. However, your messages resulted in 4097 tokens. Please reduce the length of the messages."
         );
+    }
+    /// Two routes on two servers; the top level has no tokenizer.
+    fn routed() -> Plugin {
+        Plugin::new(
+            Config::parse(
+                br#"{"min_output_tokens":64,"fallback_margin_tokens":32,"routes":[
+                {"model":"coder","tokenizer":{"cluster":"a"}},
+                {"model":["small","tiny"],"tokenizer":{"cluster":"b"},"on_insufficient":"reject"}]}"#,
+            )
+            .unwrap(),
+        )
+    }
+
+    #[test]
+    fn each_model_is_counted_on_its_own_route() {
+        let p = routed();
+        assert_eq!(p.routes(), 2);
+        let mut host = FakeHost::default();
+        // The small model first: counted on b, whose /tokenize reports b's window.
+        let small = CHAT.replace(r#""m""#, r#""small""#);
+        let (mut x, step) = send(&p, &mut host, "/v1/chat/completions", &small);
+        assert!(
+            matches!(step, Step::Wait),
+            "{step:?} {:?}",
+            x.response_headers(&p)
+        );
+        assert_eq!(host.calls[0].0, "b");
+        assert_eq!(host.calls[0].2.path, "/tokenize");
+        let v = rewritten(reply(
+            &p,
+            &mut host,
+            &mut x,
+            200,
+            r#"{"count":10,"max_model_len":2048,"tokens":[]}"#,
+        ));
+        assert_eq!(v["max_tokens"], 2038);
+        // The coder model through the Anthropic dialect: its window comes from a's model
+        // list, never from what b reported.
+        let coder = MESSAGES.replace(r#""m""#, r#""coder""#);
+        let (mut x, step) = send(&p, &mut host, "/v1/messages", &coder);
+        assert!(matches!(step, Step::Wait));
+        assert_eq!(
+            (host.calls[1].0.as_str(), host.calls[1].2.path.as_str()),
+            ("a", "/v1/models")
+        );
+        let step = reply(
+            &p,
+            &mut host,
+            &mut x,
+            200,
+            r#"{"data":[{"id":"coder","max_model_len":8192}]}"#,
+        );
+        assert!(matches!(step, Step::Wait));
+        assert_eq!(
+            (host.calls[2].0.as_str(), host.calls[2].2.path.as_str()),
+            ("a", "/v1/messages/count_tokens")
+        );
+        let v = rewritten(reply(&p, &mut host, &mut x, 200, r#"{"input_tokens":30}"#));
+        assert_eq!(v["max_tokens"], 8162);
+        // Learned windows and cache entries live in each route's own scope.
+        assert_eq!(p.routes[0].learned(&mut host, "coder"), Some(8192));
+        assert_eq!(p.routes[1].learned(&mut host, "coder"), None);
+        assert_eq!(p.routes[1].learned(&mut host, "small"), Some(2048));
+        // The same chat for the small model is a hit in b's scope; for tiny (same route) too.
+        let (_, step) = send(&p, &mut host, "/v1/chat/completions", &small);
+        assert!(matches!(step, Step::Done(Action::Rewrite(_))));
+        assert_eq!(host.calls.len(), 3);
+        // Each route's policy: b rejects what does not fit.
+        let big = CHAT
+            .replace(r#""m""#, r#""tiny""#)
+            .replace("hi", "hi there");
+        let (mut x, _) = send(&p, &mut host, "/v1/chat/completions", &big);
+        assert_eq!(host.calls[3].0, "b");
+        let step = reply(
+            &p,
+            &mut host,
+            &mut x,
+            200,
+            r#"{"count":2040,"max_model_len":2048,"tokens":[]}"#,
+        );
+        assert!(matches!(step, Step::Done(Action::Reply(_))), "{step:?}");
+        // Metrics count for the route too.
+        let route = |i: usize, m: Metric| host.route_metrics.contains(&(i, m));
+        assert!(route(1, Metric::Requests) && route(0, Metric::Requests));
+        assert!(route(1, Metric::Rewritten) && route(0, Metric::Rewritten));
+        assert!(route(1, Metric::Rejected) && !route(0, Metric::Rejected));
+        assert!(route(1, Metric::CacheHits) && !route(0, Metric::CacheHits));
+        assert!(host.has(Metric::Rejected));
+    }
+
+    #[test]
+    fn a_model_no_route_names_uses_the_top_level() {
+        // Without a top-level tokenizer: unchanged, `model`, with no call.
+        let p = routed();
+        let mut host = FakeHost::default();
+        let (x, step) = send(&p, &mut host, "/v1/chat/completions", CHAT);
+        assert!(matches!(step, Step::Done(Action::Continue)));
+        assert!(host.calls.is_empty());
+        assert_eq!(
+            header(&x, &p, HEADER_ACTION).as_deref(),
+            Some("unchanged:model")
+        );
+        assert!(host.route_metrics.is_empty());
+        // With one: counted there, in the top level's scope.
+        let p = Plugin::new(
+            Config::parse(
+                br#"{"tokenizer":{"cluster":"top"},"context_length":512,"min_output_tokens":64,
+                "fallback_margin_tokens":32,"routes":[{"model":"coder","tokenizer":{"cluster":"a"}}]}"#,
+            )
+            .unwrap(),
+        );
+        let (mut x, _) = send(&p, &mut host, "/v1/chat/completions", CHAT);
+        assert_eq!(host.calls[0].0, "top");
+        let v = rewritten(reply(
+            &p,
+            &mut host,
+            &mut x,
+            200,
+            r#"{"count":12,"max_model_len":512,"tokens":[]}"#,
+        ));
+        assert_eq!(v["max_tokens"], 500);
+        assert!(host.route_metrics.is_empty());
     }
 }

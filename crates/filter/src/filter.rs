@@ -86,10 +86,9 @@ impl Filter {
                     env!("CARGO_PKG_VERSION"),
                     config.summary()
                 );
-                root.shared = Some(Rc::new(Shared {
-                    plugin: Plugin::new(config),
-                    metrics: Metrics::define(proxy),
-                }));
+                let plugin = Plugin::new(config);
+                let metrics = Metrics::define(proxy, plugin.routes());
+                root.shared = Some(Rc::new(Shared { plugin, metrics }));
                 if self.holdings.is_none() {
                     self.holdings = Some(Holdings::define(proxy));
                 }

@@ -57,6 +57,12 @@ impl Host for HostView<'_> {
     fn record(&mut self, histogram: Histogram, value: u64) {
         self.shared.metrics.record(self.proxy, histogram, value);
     }
+
+    fn increment_route(&mut self, route: usize, metric: Metric) {
+        self.shared
+            .metrics
+            .increment_route(self.proxy, route, metric);
+    }
 }
 
 /// A tokenizer answer as read from the host.

@@ -1,12 +1,55 @@
-//! The `incontext_*` metrics (docs/spec.md §9). Envoy lists them as `wasmcustom.<name>`.
+//! The `incontext_*` metrics (docs/spec.md §9), and the counters again per route as
+//! `incontext_route_<i>_*` (§16). Envoy lists them as `wasmcustom.<name>`.
 
 use crate::proxy::{MetricType, Proxy};
 use incontext_core::flow::{Histogram, Metric};
 use incontext_core::reason::Reason;
 use incontext_core::tokenize::Failure;
 
-/// Metric ids; a metric the host refused to define is skipped.
+/// The metrics of the whole configuration, and the counters of each route.
 pub struct Metrics {
+    all: Counters,
+    count_ms: Option<u32>,
+    routes: Vec<Counters>,
+}
+
+impl Metrics {
+    /// The metrics of a configuration with `routes` routes.
+    pub fn define(proxy: &mut dyn Proxy, routes: usize) -> Metrics {
+        Metrics {
+            all: Counters::define(proxy, "incontext_"),
+            count_ms: proxy
+                .define_metric(MetricType::Histogram, "incontext_count_ms")
+                .ok(),
+            routes: (0..routes)
+                .map(|i| Counters::define(proxy, &format!("incontext_route_{i}_")))
+                .collect(),
+        }
+    }
+
+    pub fn increment(&self, proxy: &mut dyn Proxy, metric: Metric) {
+        self.all.increment(proxy, metric);
+    }
+
+    /// The counter of route `route` (the whole configuration's is `increment`'s).
+    pub fn increment_route(&self, proxy: &mut dyn Proxy, route: usize, metric: Metric) {
+        if let Some(counters) = self.routes.get(route) {
+            counters.increment(proxy, metric);
+        }
+    }
+
+    pub fn record(&self, proxy: &mut dyn Proxy, histogram: Histogram, value: u64) {
+        let id = match histogram {
+            Histogram::CountMs => self.count_ms,
+        };
+        if let Some(id) = id {
+            let _ = proxy.record_metric(id, value);
+        }
+    }
+}
+
+/// Counter ids; a counter the host refused to define is skipped.
+struct Counters {
     requests: Option<u32>,
     rewritten: Option<u32>,
     rejected: Option<u32>,
@@ -18,60 +61,46 @@ pub struct Metrics {
     count_skipped: Option<u32>,
     bound_checks: Option<u32>,
     bound_violations: Option<u32>,
-    count_ms: Option<u32>,
     translated: Option<u32>,
     window_stop: Option<u32>,
     unchanged: Vec<Option<u32>>,
     failures: Vec<Option<u32>>,
 }
 
-impl Metrics {
-    pub fn define(proxy: &mut dyn Proxy) -> Metrics {
-        let mut counter = |name: &str| proxy.define_metric(MetricType::Counter, name).ok();
-        let requests = counter("incontext_requests");
-        let rewritten = counter("incontext_rewritten");
-        let rejected = counter("incontext_rejected");
-        let tokenizer_calls = counter("incontext_tokenizer_calls");
-        let cache_hits = counter("incontext_cache_hits");
-        let cache_misses = counter("incontext_cache_misses");
-        let estimates = counter("incontext_estimates");
-        let count_calls = counter("incontext_count_calls");
-        let count_skipped = counter("incontext_count_skipped");
-        let bound_checks = counter("incontext_bound_checks");
-        let bound_violations = counter("incontext_bound_violations");
-        let translated = counter("incontext_translated");
-        let window_stop = counter("incontext_window_stop");
-        let unchanged = Reason::ALL
-            .iter()
-            .map(|r| counter(&format!("incontext_unchanged_{}", r.as_str())))
-            .collect();
-        let failures = Failure::ALL
-            .iter()
-            .map(|f| counter(&format!("incontext_tokenizer_failures_{}", f.as_str())))
-            .collect();
-        Metrics {
-            requests,
-            rewritten,
-            rejected,
-            tokenizer_calls,
-            cache_hits,
-            cache_misses,
-            estimates,
-            count_calls,
-            count_skipped,
-            bound_checks,
-            bound_violations,
-            count_ms: proxy
-                .define_metric(MetricType::Histogram, "incontext_count_ms")
-                .ok(),
-            translated,
-            window_stop,
-            unchanged,
-            failures,
+impl Counters {
+    /// The counters named `<prefix>requests`, `<prefix>rewritten`, ...
+    fn define(proxy: &mut dyn Proxy, prefix: &str) -> Counters {
+        let mut counter = |name: &str| {
+            proxy
+                .define_metric(MetricType::Counter, &format!("{prefix}{name}"))
+                .ok()
+        };
+        Counters {
+            requests: counter("requests"),
+            rewritten: counter("rewritten"),
+            rejected: counter("rejected"),
+            tokenizer_calls: counter("tokenizer_calls"),
+            cache_hits: counter("cache_hits"),
+            cache_misses: counter("cache_misses"),
+            estimates: counter("estimates"),
+            count_calls: counter("count_calls"),
+            count_skipped: counter("count_skipped"),
+            bound_checks: counter("bound_checks"),
+            bound_violations: counter("bound_violations"),
+            translated: counter("translated"),
+            window_stop: counter("window_stop"),
+            unchanged: Reason::ALL
+                .iter()
+                .map(|r| counter(&format!("unchanged_{}", r.as_str())))
+                .collect(),
+            failures: Failure::ALL
+                .iter()
+                .map(|f| counter(&format!("tokenizer_failures_{}", f.as_str())))
+                .collect(),
         }
     }
 
-    pub fn increment(&self, proxy: &mut dyn Proxy, metric: Metric) {
+    fn increment(&self, proxy: &mut dyn Proxy, metric: Metric) {
         let id = match metric {
             Metric::Requests => self.requests,
             Metric::Rewritten => self.rewritten,
@@ -91,15 +120,6 @@ impl Metrics {
         };
         if let Some(id) = id {
             let _ = proxy.increment_metric(id, 1);
-        }
-    }
-
-    pub fn record(&self, proxy: &mut dyn Proxy, histogram: Histogram, value: u64) {
-        let id = match histogram {
-            Histogram::CountMs => self.count_ms,
-        };
-        if let Some(id) = id {
-            let _ = proxy.record_metric(id, value);
         }
     }
 }

@@ -61,6 +61,38 @@ impl<'de> Deserializer<'de> for At<'_> {
         }
     }
 
+    // A struct or a map is read only from an object, a sequence only from an array: the
+    // other branches of `deserialize_any` are not instantiated for their visitors.
+    fn deserialize_struct<V: Visitor<'de>>(
+        self,
+        _: &'static str,
+        _: &'static [&'static str],
+        visitor: V,
+    ) -> Result<V::Value, Self::Error> {
+        self.deserialize_map(visitor)
+    }
+
+    fn deserialize_map<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, Self::Error> {
+        match self.value {
+            Value::Object(map) => visitor.visit_map(Members {
+                iter: map.into_iter(),
+                value: None,
+                path: self.path,
+            }),
+            _ => Err(de::Error::custom("must be an object")),
+        }
+    }
+
+    fn deserialize_seq<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, Self::Error> {
+        match self.value {
+            Value::Array(items) => visitor.visit_seq(Items {
+                iter: items.into_iter().enumerate(),
+                path: self.path,
+            }),
+            _ => Err(de::Error::custom("must be an array")),
+        }
+    }
+
     fn deserialize_option<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, Self::Error> {
         match self.value {
             Value::Null => visitor.visit_none(),
@@ -79,8 +111,7 @@ impl<'de> Deserializer<'de> for At<'_> {
 
     serde::forward_to_deserialize_any! {
         bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes byte_buf
-        unit unit_struct newtype_struct seq tuple tuple_struct map struct identifier
-        ignored_any
+        unit unit_struct newtype_struct tuple tuple_struct identifier ignored_any
     }
 }
 

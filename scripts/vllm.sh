@@ -8,6 +8,7 @@
 #                                                       3 not running
 #
 # Run scripts/setup-vllm.sh first. Served model name: qwen3-tiny, max_model_len 512.
+# scripts/render.sh starts vLLM's GPU-less render server from the same virtualenv.
 # State: .cache/vllm.pid, .cache/vllm.port, log .cache/vllm.log.
 # Environment overrides:
 #   INCONTEXT_VLLM_RELEASE         vLLM release (default: the one in scripts/vllm-requirements.txt;
@@ -16,6 +17,7 @@
 #                                  release R: the same path with "-R" appended)
 #   INCONTEXT_VLLM_MODEL           model dir    (default <repo>/.cache/model/qwen3-tiny)
 #   INCONTEXT_VLLM_MAX_MODEL_LEN   context      (default 512)
+#   INCONTEXT_VLLM_SERVED_NAME     served model name (default qwen3-tiny)
 #   INCONTEXT_VLLM_START_TIMEOUT   seconds to wait for /health (default 300)
 #   INCONTEXT_VLLM_STATE           directory for pid/port/log files (default <repo>/.cache)
 set -euo pipefail
@@ -33,7 +35,7 @@ STATE="${INCONTEXT_VLLM_STATE:-$REPO/.cache}"
 PIDFILE="$STATE/vllm.pid"
 PORTFILE="$STATE/vllm.port"
 LOG="$STATE/vllm.log"
-SERVED_NAME="qwen3-tiny"
+SERVED_NAME="${INCONTEXT_VLLM_SERVED_NAME:-qwen3-tiny}"
 SERVER="vLLM"
 SCRIPT="vllm.sh"
 DEFAULT_PORT=8000

@@ -43,6 +43,7 @@ def run_validate(envoy_bin, vdir, plugin_config, wasm):
         {"model": ["small", "fast"], "tokenizer": {"cluster": "vllm", "backend": "sglang"},
          "window_tokens": 8192, "min_output_tokens": 1024, "on_insufficient": "reject"}]}),
     ("routes_over_top_level", cfg(routes=[{"model": "coder", "window_tokens": 16384}])),
+    ("vllm_render", cfg(tokenizer={"backend": "vllm-render"})),
 ])
 def test_valid_configs_are_accepted(envoy_bin, wasm, vdir, name, plugin_config):
     pc = shipped_plugin_config() if plugin_config is None else plugin_config

@@ -25,16 +25,24 @@ pub enum Backend {
     Vllm,
     Sglang,
     Llamacpp,
+    /// vLLM's render API (docs/spec.md §16).
+    VllmRender,
 }
 
 impl Backend {
-    pub const ALL: [Backend; 3] = [Backend::Vllm, Backend::Sglang, Backend::Llamacpp];
+    pub const ALL: [Backend; 4] = [
+        Backend::Vllm,
+        Backend::Sglang,
+        Backend::Llamacpp,
+        Backend::VllmRender,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
             Backend::Vllm => "vllm",
             Backend::Sglang => "sglang",
             Backend::Llamacpp => "llamacpp",
+            Backend::VllmRender => "vllm-render",
         }
     }
 }

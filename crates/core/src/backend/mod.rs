@@ -3,6 +3,7 @@
 //! when the count does not report it. One module per backend; what they share lives here.
 
 mod llamacpp;
+mod render;
 mod sglang;
 mod vllm;
 
@@ -14,7 +15,9 @@ use crate::tokenize::Failure;
 use serde_json::Value;
 
 pub use llamacpp::{LLAMACPP_CHAT_COUNT_PATH, LLAMACPP_PROPS_PATH, LLAMACPP_RESPONSES_COUNT_PATH};
-pub use vllm::RESPONSES_RENDER_PATH;
+pub use render::{
+    CHAT_RENDER_PATH, COMPLETIONS_RENDER_PATH, MESSAGES_RENDER_PATH, RESPONSES_RENDER_PATH,
+};
 
 /// Anthropic's counter, served by vLLM, SGLang and llama.cpp alike.
 pub const MESSAGES_COUNT_PATH: &str = "/v1/messages/count_tokens";
@@ -41,10 +44,12 @@ pub enum CallKind {
     InputTokens,
     /// `{"tokens": [...]}` (llama.cpp's `/tokenize`).
     TokenList,
-    /// `{"token_ids": [...]}` (vLLM's render API).
+    /// `{"token_ids": [...]}`, or a list of one (vLLM's render API).
     TokenIds,
-    /// The window: `/v1/models`.
+    /// The window: `/v1/models` (the named model's, else the first model's).
     Models,
+    /// The window: the named model's in `/v1/models`, and only that (the render server).
+    ModelWindow,
     /// The window: llama.cpp's `/props`.
     Props,
 }
@@ -69,7 +74,7 @@ fn post(path: &str, body: Vec<u8>, kind: CallKind) -> Call {
 /// §13); `None` for any other error.
 pub fn window_error(backend: Backend, body: &Value) -> Option<WindowError> {
     match backend {
-        Backend::Vllm => vllm::window_error(message(body)?),
+        Backend::Vllm | Backend::VllmRender => vllm::window_error(message(body)?),
         Backend::Sglang => sglang::window_error(message(body)?),
         Backend::Llamacpp => llamacpp::window_error(body),
     }
@@ -79,6 +84,10 @@ pub fn window_error(backend: Backend, body: &Value) -> Option<WindowError> {
 /// parse (the estimate is used then).
 pub fn count_call(config: &Config, req: &Request, body: &[u8]) -> Option<Call> {
     let t = &config.tokenizer;
+    if t.backend == Backend::VllmRender {
+        // Every dialect has its own render endpoint.
+        return render::count_call(req, body);
+    }
     if req.form == Form::Messages {
         // The backend's own Anthropic counter converts the request as `/v1/messages` does;
         // it ignores the members it does not read (max_tokens, stream, ...).
@@ -92,6 +101,7 @@ pub fn count_call(config: &Config, req: &Request, body: &[u8]) -> Option<Call> {
         Backend::Vllm => vllm::count_call(t, req, body),
         Backend::Sglang => sglang::count_call(t, req, body),
         Backend::Llamacpp => llamacpp::count_call(t, req, body),
+        Backend::VllmRender => render::count_call(req, body),
     }
 }
 
@@ -101,6 +111,7 @@ pub fn window_call(config: &Config) -> Call {
         Backend::Vllm => vllm::window_call(),
         Backend::Sglang => sglang::window_call(),
         Backend::Llamacpp => llamacpp::window_call(),
+        Backend::VllmRender => render::window_call(),
     }
 }
 
@@ -108,7 +119,7 @@ pub fn window_call(config: &Config) -> Call {
 pub fn count_reports_window(config: &Config, form: Form) -> bool {
     match config.tokenizer.backend {
         Backend::Vllm => vllm::count_reports_window(form),
-        Backend::Sglang | Backend::Llamacpp => false,
+        Backend::Sglang | Backend::Llamacpp | Backend::VllmRender => false,
     }
 }
 
@@ -179,7 +190,9 @@ pub fn parse_count(
     match kind {
         CallKind::Tokenize => match config.tokenizer.backend {
             Backend::Vllm => vllm::parse_tokenize(config, status, body),
-            Backend::Sglang | Backend::Llamacpp => sglang::parse_tokenize(status, body),
+            Backend::Sglang | Backend::Llamacpp | Backend::VllmRender => {
+                sglang::parse_tokenize(status, body)
+            }
         },
         CallKind::InputTokens => {
             status_ok(status)?;
@@ -189,19 +202,23 @@ pub fn parse_count(
             })
         }
         CallKind::TokenList => llamacpp::parse_token_list(status, body),
-        CallKind::TokenIds => vllm::parse_token_ids(status, body),
-        CallKind::Models | CallKind::Props => Err(Failure::Contract),
+        CallKind::TokenIds => render::parse_token_ids(status, body),
+        CallKind::Models | CallKind::ModelWindow | CallKind::Props => Err(Failure::Contract),
     }
 }
 
 /// Reads the answer to a window call: the `max_model_len` of `model` in `/v1/models` (of the
-/// first model when none is named or it is not listed), or llama.cpp's per-slot `n_ctx`.
+/// first model when none is named or it is not listed; for the render server, of `model`
+/// only), or llama.cpp's per-slot `n_ctx`.
 pub fn parse_window(
     kind: CallKind,
     model: Option<&str>,
     status: Option<u16>,
     body: &[u8],
 ) -> Result<u64, Failure> {
+    if kind == CallKind::ModelWindow {
+        return render::parse_models(model, status, body);
+    }
     status_ok(status)?;
     let map = object(body)?;
     match kind {
@@ -338,6 +355,102 @@ mod tests {
         assert_eq!(
             parse_window(CallKind::Props, None, None, props),
             Err(Failure::Transport)
+        );
+    }
+
+    #[test]
+    fn render_calls_carry_the_request_without_caps() {
+        let body =
+            |c: &Call| -> Value { serde_json::from_slice(c.body.as_deref().unwrap()).unwrap() };
+        let chat = r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function","function":{"name":"f"}}],"max_tokens":9,"max_completion_tokens":8,"stream":true,"stream_options":{"include_usage":true},"temperature":0.5}"#;
+        let c = call("vllm-render", Endpoint::OpenAi, chat);
+        assert_eq!(
+            (c.method, c.path.as_str(), c.kind),
+            ("POST", "/v1/chat/completions/render", CallKind::TokenIds)
+        );
+        let b = body(&c);
+        assert_eq!(b["tools"][0]["function"]["name"], "f");
+        assert_eq!(b["temperature"], 0.5);
+        for gone in [
+            "max_tokens",
+            "max_completion_tokens",
+            "stream",
+            "stream_options",
+        ] {
+            assert!(b.get(gone).is_none(), "{gone}");
+        }
+        let c = call(
+            "vllm-render",
+            Endpoint::OpenAi,
+            r#"{"model":"m","prompt":"a b","max_tokens":5,"stream":false}"#,
+        );
+        assert_eq!(c.path, "/v1/completions/render");
+        assert_eq!(
+            c.body.as_deref(),
+            Some(br#"{"model":"m","prompt":"a b"}"#.as_slice())
+        );
+        let c = call(
+            "vllm-render",
+            Endpoint::Messages,
+            r#"{"model":"m","system":"s","messages":[{"role":"user","content":"hi"}],"max_tokens":32000,"stream":true}"#,
+        );
+        assert_eq!(c.path, "/v1/messages/render");
+        let b = body(&c);
+        assert_eq!(
+            (b["max_tokens"].as_u64(), b["system"].as_str()),
+            (Some(1), Some("s"))
+        );
+        assert!(b.get("stream").is_none());
+        let c = call(
+            "vllm-render",
+            Endpoint::Responses,
+            r#"{"model":"m","input":"hi","max_output_tokens":7,"stream":true}"#,
+        );
+        assert_eq!(c.path, "/v1/responses/render");
+        assert_eq!(
+            c.body.as_deref(),
+            Some(br#"{"model":"m","input":"hi"}"#.as_slice())
+        );
+        let r = cfg("vllm-render");
+        assert_eq!(
+            (window_call(&r).method, window_call(&r).path.as_str()),
+            ("GET", "/v1/models")
+        );
+        assert!(!count_reports_window(&r, Form::Chat));
+    }
+
+    #[test]
+    fn render_answers() {
+        let r = cfg("vllm-render");
+        let ok = Some(200);
+        let count =
+            |status, b: &[u8]| parse_count(&r, CallKind::TokenIds, status, b).map(|c| c.count);
+        assert_eq!(
+            count(ok, br#"{"request_id":"x","token_ids":[1,2,3],"model":"m"}"#),
+            Ok(3)
+        );
+        assert_eq!(count(ok, br#"[{"token_ids":[1,2]}]"#), Ok(2));
+        assert_eq!(
+            count(ok, br#"[{"token_ids":[1]},{"token_ids":[1,2]}]"#),
+            Err(Failure::Contract)
+        );
+        assert_eq!(count(ok, br#"{"tokens":[1]}"#), Err(Failure::Contract));
+        // Scale-out disabled, an unknown endpoint or model.
+        assert_eq!(count(Some(403), b"{}"), Err(Failure::Status));
+        assert_eq!(count(Some(404), b"{}"), Err(Failure::Status));
+        let models =
+            br#"{"data":[{"id":"other","max_model_len":100},{"id":"m","max_model_len":512}]}"#;
+        let kind = window_call(&r).kind;
+        assert_eq!(parse_window(kind, Some("m"), ok, models), Ok(512));
+        // Another model's window is never this model's.
+        assert_eq!(
+            parse_window(kind, Some("z"), ok, models),
+            Err(Failure::Contract)
+        );
+        assert_eq!(parse_window(kind, None, ok, models), Err(Failure::Contract));
+        assert_eq!(
+            parse_window(kind, Some("m"), Some(403), models),
+            Err(Failure::Status)
         );
     }
 }

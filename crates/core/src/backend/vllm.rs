@@ -3,13 +3,12 @@
 //! with `--enable-scale-out`; 403 otherwise, a counted failure); `/v1/models` reports
 //! `max_model_len` for the counts that do not.
 
-use super::{get, object, post, status_ok, Call, CallKind, Counted, MODELS_PATH};
+use super::{get, post, Call, CallKind, Counted, MODELS_PATH};
 use crate::config::{Config, TokenizerConfig};
 use crate::dialect::{payload, responses, Form};
 use crate::request::Request;
 use crate::response::window::{matches, Capture, Piece::*, WindowError};
 use crate::tokenize::{check_context, Failure};
-use serde_json::Value;
 
 /// vLLM's renderer of a Responses request: the prompt's `token_ids`.
 pub const RESPONSES_RENDER_PATH: &str = "/v1/responses/render";
@@ -24,20 +23,6 @@ pub(super) fn count_call(t: &TokenizerConfig, req: &Request, body: &[u8]) -> Opt
         )),
         _ => Some(post(&t.path, payload(req, body)?, CallKind::Tokenize)),
     }
-}
-
-/// `{"token_ids": [...], ...}` (a render answer): the count is their number.
-pub(super) fn parse_token_ids(status: Option<u16>, body: &[u8]) -> Result<Counted, Failure> {
-    status_ok(status)?;
-    let ids = object(body)?
-        .get("token_ids")
-        .and_then(Value::as_array)
-        .map(Vec::len)
-        .ok_or(Failure::Contract)?;
-    Ok(Counted {
-        count: ids as u64,
-        window: None,
-    })
 }
 
 pub(super) fn window_call() -> Call {

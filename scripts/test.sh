@@ -11,6 +11,7 @@
 #          each older Envoy release of scripts/envoy-releases.txt (also in `all`)
 #   vllm   the wasm build, then tests/vllm (real Envoy in front of the real vLLM on CPU)
 #   all    unit, then every suite under tests/ (the default; what CI and the README run)
+#   setup  only the setup of `all` (every suite's), no test
 #   NAME   any other directory tests/NAME is a tier of its own (e.g. llamacpp, sglang,
 #          clients): the wasm build, then tests/NAME
 #
@@ -40,13 +41,13 @@ E2E_DIRS=(tests/e2e tests/deploy tests/compose tests/soak)
 case "$TIER" in
   unit) PYTEST_PATHS=() ;;
   e2e) PYTEST_PATHS=("${E2E_DIRS[@]}") ;;
-  all) PYTEST_PATHS=(tests/) ;;
+  all|setup) PYTEST_PATHS=(tests/) ;;
   harness|*/*|.*|__*) echo "test.sh: '$TIER' is not a tier" >&2; exit 2 ;;
   *)
     if [ -d "tests/$TIER" ]; then
       PYTEST_PATHS=("tests/$TIER")
     else
-      known="unit e2e all"
+      known="unit e2e all setup"
       for d in tests/*/; do
         d="$(basename "$d")"
         case "$d" in harness|e2e|__pycache__) ;; *) known="$known $d" ;; esac
@@ -183,6 +184,12 @@ if [ "${INCONTEXT_SKIP_SETUP:-0}" != 1 ]; then
     print_summary
     exit 1
   fi
+fi
+
+if [ "$TIER" = setup ]; then
+  print_summary
+  [ ${#FAILED[@]} -eq 0 ]
+  exit
 fi
 
 if [ "$TIER" = unit ] || [ "$TIER" = all ]; then

@@ -7,6 +7,10 @@
 * Every other request is echoed: 200 with a JSON body holding the method, path, headers and the
   exact received body (base64 and sha256). Each echoed request is recorded too, so tests can
   compare the bytes Envoy sent upstream with the bytes the client sent.
+* A request with ``x-test-answer: NAME`` is recorded and answered with the scripted
+  ``Answer`` registered as ``upstream.answers[NAME]`` (any status, headers and body, written in
+  separate chunks, optionally waiting on a ``Gate`` before the last one): the fault injection
+  of the answer side.
 
 The filter sends ``/tokenize`` to the same Envoy cluster as the route, so one server serves both.
 """
@@ -102,6 +106,22 @@ class Gate:
             return self.answered
 
 
+@dataclass
+class Answer:
+    """A scripted answer: status, headers and the body's pieces, each sent as its own chunk
+    (and flushed) with ``pause`` seconds between them. ``{max_tokens}`` in a piece becomes the
+    ``max_tokens`` (or ``max_output_tokens``) of the request as it arrived, so an answer can
+    use exactly the cap the filter wrote. With ``length``, the body goes with a Content-Length
+    instead of chunked; ``gate`` holds the last piece until it opens."""
+
+    status: int
+    pieces: List[bytes]
+    headers: List[Tuple[str, str]] = field(default_factory=lambda: [("Content-Type", "application/json")])
+    pause: float = 0.0
+    length: bool = False
+    gate: Optional["Gate"] = None
+
+
 class Tokenizer:
     """Scriptable fake tokenizer. ``behaviour(record) -> Action`` decides each answer."""
 
@@ -176,6 +196,7 @@ class Upstream:
         self.tokenizer = Tokenizer()
         self.lock = threading.Lock()
         self.requests: List[Record] = []
+        self.answers: dict = {}
         upstream = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -219,6 +240,9 @@ class Upstream:
                     return
                 with upstream.lock:
                     upstream.requests.append(rec)
+                if rec.header("x-test-answer"):
+                    self._scripted(upstream.answers[rec.header("x-test-answer")], rec)
+                    return
                 if rec.header("x-test-stream"):
                     self._stream(int(rec.header("x-test-stream")), rec)
                     return
@@ -234,6 +258,38 @@ class Upstream:
                     echo["body_b64"] = base64.b64encode(body).decode()
                     echo["body"] = body.decode("utf-8", "replace")
                 self._send(200, json.dumps(echo).encode())
+
+            def _scripted(self, answer: "Answer", rec: Record):
+                cap = b""
+                try:
+                    obj = json.loads(rec.body)
+                    cap = str(obj.get("max_tokens", obj.get("max_output_tokens", ""))).encode()
+                except (ValueError, AttributeError):
+                    pass
+                pieces = [p.replace(b"{max_tokens}", cap) for p in answer.pieces]
+                self.send_response(answer.status)
+                for k, v in answer.headers:
+                    self.send_header(k, v)
+                if answer.length:
+                    self.send_header("Content-Length", str(sum(len(p) for p in pieces)))
+                else:
+                    self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                for i, piece in enumerate(pieces):
+                    if i + 1 == len(pieces) and answer.gate is not None:
+                        answer.gate.hold()
+                    if answer.length:
+                        self.wfile.write(piece)
+                    elif piece:
+                        self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+                    self.wfile.flush()
+                    if answer.pause and i + 1 < len(pieces):
+                        time.sleep(answer.pause)
+                if not answer.length:
+                    self.wfile.write(b"0\r\n\r\n")
+                    self.wfile.flush()
+                if answer.gate is not None:
+                    answer.gate.done()
 
             def _stream(self, events: int, rec: Record):
                 """A slow server-sent-events answer, like a streamed completion."""
@@ -318,6 +374,10 @@ class Upstream:
     def reset(self):
         with self.lock:
             self.requests = []
+            for answer in self.answers.values():
+                if answer.gate is not None:
+                    answer.gate.open()
+            self.answers = {}
         self.tokenizer.reset()
 
     def snapshot(self) -> List[Record]:

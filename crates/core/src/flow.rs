@@ -1117,6 +1117,11 @@ impl Exchange {
             .on_headers(self.budget.as_ref(), plugin.config.translate_errors, head)
     }
 
+    /// A host call on the answer failed: the rest of it passes as it comes.
+    pub fn on_response_host_error(&mut self) {
+        self.response = Response::default();
+    }
+
     /// An answer body chunk arrived; `size` is what the host buffered.
     pub fn on_response_body(&mut self, size: usize, end_of_stream: bool) -> response::BodyStep {
         self.response.on_body(size, end_of_stream)

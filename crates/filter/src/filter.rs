@@ -133,8 +133,18 @@ impl Filter {
         self.on_stream(id, |s| s.on_request_trailers(proxy))
     }
 
-    pub fn on_response_headers(&mut self, proxy: &mut dyn Proxy, id: u32) -> u32 {
-        self.on_stream(id, |s| s.on_response_headers(proxy))
+    pub fn on_response_headers(&mut self, proxy: &mut dyn Proxy, id: u32, end: bool) -> u32 {
+        self.on_stream(id, |s| s.on_response_headers(proxy, end))
+    }
+
+    pub fn on_response_body(
+        &mut self,
+        proxy: &mut dyn Proxy,
+        id: u32,
+        size: usize,
+        end: bool,
+    ) -> u32 {
+        self.on_stream(id, |s| s.on_response_body(proxy, size, end))
     }
 
     pub fn on_log(&mut self, proxy: &mut dyn Proxy, id: u32) {

@@ -8,6 +8,7 @@ use incontext_core::flow::{
     Action, Answer, BodyStep, Call, Exchange, HeadStep, Histogram, Host, Metric, Orphan,
     RequestHead, Step, MAX_REPLY_BYTES,
 };
+use incontext_core::response;
 use std::rc::Rc;
 
 /// The core's view of the host, for one stream of one plugin.
@@ -290,12 +291,83 @@ impl Http {
         })
     }
 
-    pub fn on_response_headers(&mut self, proxy: &mut dyn Proxy) -> u32 {
+    pub fn on_response_headers(&mut self, proxy: &mut dyn Proxy, end_of_stream: bool) -> u32 {
         self.with(proxy, CONTINUE, |exchange, shared, view| {
             for (name, value) in exchange.response_headers(&shared.plugin) {
                 let _ = view
                     .proxy
                     .add_header(MapType::ResponseHeaders, name, &value);
+            }
+            let mut read = |name| header(view.proxy, MapType::ResponseHeaders, name);
+            let (Ok(status), Ok(kind), Ok(encoding), Ok(length)) = (
+                read(":status"),
+                read("content-type"),
+                read("content-encoding"),
+                read("content-length"),
+            ) else {
+                return CONTINUE;
+            };
+            let head = response::Head {
+                status: status.and_then(|s| s.trim().parse().ok()),
+                content_type: kind.as_deref(),
+                content_encoding: encoding.as_deref(),
+                content_length: length.as_deref(),
+                end_of_stream,
+            };
+            match exchange.on_response_head(&shared.plugin, &head) {
+                response::HeadStep::Pass => {}
+                response::HeadStep::Hold | response::HeadStep::Watch => {
+                    // The body may change length.
+                    let removed = view
+                        .proxy
+                        .remove_header(MapType::ResponseHeaders, "content-length");
+                    if let Err(e) = removed {
+                        log::warn!(
+                            "incontext: cannot remove the answer's content-length (host status {})",
+                            e.0
+                        );
+                        exchange.on_response_host_error();
+                    }
+                }
+            }
+            CONTINUE
+        })
+    }
+
+    pub fn on_response_body(
+        &mut self,
+        proxy: &mut dyn Proxy,
+        body_size: usize,
+        end_of_stream: bool,
+    ) -> u32 {
+        self.with(proxy, CONTINUE, |exchange, shared, view| {
+            match exchange.on_response_body(body_size, end_of_stream) {
+                response::BodyStep::Continue => return CONTINUE,
+                response::BodyStep::Buffer => return PAUSE,
+                response::BodyStep::Read => {}
+            }
+            let data = match view
+                .proxy
+                .get_buffer(BufferType::HttpResponseBody, 0, body_size)
+            {
+                Ok(b) => b.unwrap_or_default(),
+                Err(e) => {
+                    log::warn!("incontext: cannot read the answer (host status {})", e.0);
+                    exchange.on_response_host_error();
+                    return CONTINUE;
+                }
+            };
+            match exchange.on_response_data(&shared.plugin, view, &data, end_of_stream) {
+                response::Edit::Keep => {}
+                response::Edit::Replace(out) => {
+                    let replaced =
+                        view.proxy
+                            .set_buffer(BufferType::HttpResponseBody, 0, data.len(), &out);
+                    if let Err(e) = replaced {
+                        log::warn!("incontext: cannot replace the answer (host status {})", e.0);
+                        exchange.on_response_host_error();
+                    }
+                }
             }
             CONTINUE
         })

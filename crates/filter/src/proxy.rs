@@ -7,6 +7,7 @@
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BufferType {
     HttpRequestBody = 0,
+    HttpResponseBody = 1,
     HttpCallResponseBody = 4,
     PluginConfiguration = 7,
 }

@@ -27,6 +27,10 @@ enum Event {
         context: u32,
         status: u32,
     },
+    /// The answer's body was read.
+    ReadAnswer {
+        context: u32,
+    },
 }
 
 /// A host as Envoy is to the module, in memory.
@@ -37,6 +41,10 @@ struct Fake {
     request_headers: HashMap<u32, Vec<(String, String)>>,
     request_body: HashMap<u32, Vec<u8>>,
     response_headers: HashMap<u32, Vec<(String, String)>>,
+    /// The upstream answer's head as Envoy holds it (`response_headers` are those added).
+    answer_head: HashMap<u32, Vec<(String, String)>>,
+    /// The answer body Envoy holds for the stream: the current chunk, or all it buffered.
+    answer_body: HashMap<u32, Vec<u8>>,
     /// The call answer being delivered: status and body.
     call_answer: Option<(u16, Vec<u8>)>,
     config: Vec<u8>,
@@ -70,6 +78,12 @@ impl Proxy for Fake {
     ) -> Result<Option<Vec<u8>>, HostError> {
         let all = match kind {
             BufferType::HttpRequestBody => self.request_body.get(&self.effective).cloned(),
+            BufferType::HttpResponseBody => {
+                self.events.push(Event::ReadAnswer {
+                    context: self.effective,
+                });
+                self.answer_body.get(&self.effective).cloned()
+            }
             BufferType::HttpCallResponseBody => self.call_answer.as_ref().map(|a| a.1.clone()),
             BufferType::PluginConfiguration => Some(self.config.clone()),
         };
@@ -82,11 +96,12 @@ impl Proxy for Fake {
         size: usize,
         value: &[u8],
     ) -> Result<(), HostError> {
-        assert_eq!(kind, BufferType::HttpRequestBody);
-        let body = self
-            .request_body
-            .get_mut(&self.effective)
-            .ok_or(HostError(2))?;
+        let body = match kind {
+            BufferType::HttpRequestBody => self.request_body.get_mut(&self.effective),
+            BufferType::HttpResponseBody => self.answer_body.get_mut(&self.effective),
+            _ => None,
+        }
+        .ok_or(HostError(2))?;
         body.splice(start..start + size, value.iter().copied());
         self.events.push(Event::SetBody {
             context: self.effective,
@@ -100,6 +115,11 @@ impl Proxy for Fake {
                 .get(&self.effective)
                 .and_then(|h| h.iter().find(|(k, _)| k == key))
                 .map(|(_, v)| v.clone().into_bytes()),
+            MapType::ResponseHeaders => self
+                .answer_head
+                .get(&self.effective)
+                .and_then(|h| h.iter().find(|(k, _)| k == key))
+                .map(|(_, v)| v.clone().into_bytes()),
             MapType::CallResponseHeaders if key == ":status" => self
                 .call_answer
                 .as_ref()
@@ -109,8 +129,12 @@ impl Proxy for Fake {
         Ok(value)
     }
     fn remove_header(&mut self, map: MapType, key: &str) -> Result<(), HostError> {
-        assert_eq!(map, MapType::RequestHeaders);
-        if let Some(h) = self.request_headers.get_mut(&self.effective) {
+        let headers = match map {
+            MapType::RequestHeaders => self.request_headers.get_mut(&self.effective),
+            MapType::ResponseHeaders => self.answer_head.get_mut(&self.effective),
+            MapType::CallResponseHeaders => None,
+        };
+        if let Some(h) = headers {
             h.retain(|(k, _)| k != key);
         }
         Ok(())
@@ -348,7 +372,7 @@ fn a_call_is_made_for_the_root_and_answered_in_the_stream() {
     );
     assert_eq!(vm.filter.held(), (1, 0, 0), "the token is forgotten");
     assert_eq!(
-        vm.filter.on_response_headers(&mut vm.host, stream),
+        vm.filter.on_response_headers(&mut vm.host, stream, false),
         CONTINUE
     );
     assert!(vm.host.response_headers[&stream]
@@ -645,7 +669,7 @@ fn a_skipped_request_is_counted_when_its_stream_ends_and_checked_after_it_is_gon
         "a bound proves the cap fits: no call, not held"
     );
     assert_eq!(vm.host.calls().len(), 1);
-    vm.filter.on_response_headers(&mut vm.host, s2);
+    vm.filter.on_response_headers(&mut vm.host, s2, false);
     assert!(vm.host.response_headers[&s2]
         .contains(&("x-incontext-action".into(), "unchanged:fits".into())));
     assert_eq!(vm.host.calls().len(), 1, "nothing while the answer streams");
@@ -663,4 +687,168 @@ fn a_skipped_request_is_counted_when_its_stream_ends_and_checked_after_it_is_gon
     assert_eq!(vm.host.metric("incontext_bound_checks"), 1);
     assert_eq!(vm.host.metric("incontext_bound_violations"), 1);
     assert_eq!(vm.filter.held(), (0, 0, 0));
+}
+
+impl Vm {
+    /// The upstream answers `stream` with this head and body in these chunks, as Envoy
+    /// delivers them (it keeps what the filter buffers and hands over the total); what the
+    /// client receives and the answer's head after the filter.
+    fn upstream(
+        &mut self,
+        stream: u32,
+        status: u16,
+        content_type: &str,
+        chunks: &[&[u8]],
+    ) -> (Vec<u8>, Vec<(String, String)>) {
+        self.host.effective = stream;
+        let length: usize = chunks.iter().map(|c| c.len()).sum();
+        self.host.answer_head.insert(
+            stream,
+            vec![
+                (":status".into(), status.to_string()),
+                ("content-type".into(), content_type.into()),
+                ("content-length".into(), length.to_string()),
+            ],
+        );
+        assert_eq!(
+            self.filter
+                .on_response_headers(&mut self.host, stream, false),
+            CONTINUE
+        );
+        let mut out = Vec::new();
+        let mut held: Vec<u8> = Vec::new();
+        for (i, chunk) in chunks.iter().enumerate() {
+            held.extend_from_slice(chunk);
+            self.host.answer_body.insert(stream, held.clone());
+            let end = i + 1 == chunks.len();
+            match self
+                .filter
+                .on_response_body(&mut self.host, stream, held.len(), end)
+            {
+                CONTINUE => {
+                    out.extend_from_slice(&self.host.answer_body[&stream]);
+                    held.clear();
+                }
+                PAUSE => {}
+                other => panic!("{other}"),
+            }
+        }
+        (out, self.host.answer_head[&stream].clone())
+    }
+
+    /// A request counted by `count` tokens, then answered by the upstream.
+    fn counted(&mut self, root: u32, body: &str, tokens: u64) -> u32 {
+        let (stream, _) = self.send(root, body);
+        let token = self.last_token();
+        self.answer(root, token, 200, &count(tokens));
+        stream
+    }
+}
+
+const PROMPT_TOO_LONG: &[u8] = br#"{"error":{"message":"This model's maximum context length is 4096 tokens. However, your prompt contains at least 4097 input tokens, which exceeds this limit even without any output tokens. Please reduce the length of the input prompt. (parameter=input_tokens, value=4097)","type":"BadRequestError","param":"input_tokens","code":400}}"#;
+
+fn has_length(head: &[(String, String)]) -> bool {
+    head.iter().any(|(k, _)| k == "content-length")
+}
+
+#[test]
+fn a_window_error_is_buffered_and_answered_in_the_dialect() {
+    let mut vm = Vm::new();
+    let root = vm.root();
+    let stream = vm.counted(root, CHAT, 5000);
+    let (out, head) = vm.upstream(
+        stream,
+        400,
+        "application/json",
+        &[&PROMPT_TOO_LONG[..100], &PROMPT_TOO_LONG[100..]],
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    assert_eq!(v["error"]["code"], "context_length_exceeded");
+    assert!(!has_length(&head), "the length changed with the body");
+    assert_eq!(vm.host.metric("incontext_translated"), 1);
+    // Other errors arrive byte for byte.
+    let other = br#"{"error":{"message":"bad temperature","code":400}}"#;
+    let stream = vm.counted(root, &CHAT.replace("hi", "b"), 50);
+    let (out, _) = vm.upstream(stream, 400, "application/json", &[&other[..9], &other[9..]]);
+    assert_eq!(out, other);
+    assert_eq!(vm.host.metric("incontext_translated"), 1);
+    // Logs carry no server text.
+    assert!(vm
+        .host
+        .logs
+        .iter()
+        .all(|(_, m)| !m.contains("maximum context") && !m.contains("temperature")));
+}
+
+#[test]
+fn successful_answers_are_never_read() {
+    let mut vm = Vm::new();
+    let root = vm.root();
+    let stream = vm.counted(root, CHAT, 50);
+    let reads = |vm: &Vm| {
+        vm.host
+            .events
+            .iter()
+            .filter(|e| matches!(e, Event::ReadAnswer { .. }))
+            .count()
+    };
+    let body = br#"{"choices":[{"finish_reason":"length"}]}"#;
+    let (out, head) = vm.upstream(stream, 200, "application/json", &[&body[..5], &body[5..]]);
+    assert_eq!(out, body);
+    assert!(has_length(&head));
+    let stream = vm.counted(root, &CHAT.replace("hi", "s"), 50);
+    let sse = b"data: {}\n\ndata: [DONE]\n\n";
+    let (out, _) = vm.upstream(stream, 200, "text/event-stream", &[&sse[..4], &sse[4..]]);
+    assert_eq!(out, sse);
+    assert_eq!(reads(&vm), 0);
+    // A gzip error passes as it came, unread.
+    let stream = vm.counted(root, &CHAT.replace("hi", "z"), 5000);
+    vm.host.effective = stream;
+    vm.host.answer_head.insert(
+        stream,
+        vec![
+            (":status".into(), "400".into()),
+            ("content-encoding".into(), "gzip".into()),
+            ("content-length".into(), "10".into()),
+        ],
+    );
+    vm.filter.on_response_headers(&mut vm.host, stream, false);
+    vm.host.answer_body.insert(stream, vec![0x1f; 10]);
+    assert_eq!(
+        vm.filter.on_response_body(&mut vm.host, stream, 10, true),
+        CONTINUE
+    );
+    assert_eq!(reads(&vm), 0);
+    assert!(has_length(&vm.host.answer_head[&stream]));
+}
+
+#[test]
+fn an_anthropic_stream_ended_by_the_window_says_so_as_it_passes() {
+    let mut vm = Vm::new();
+    let root = vm.root();
+    let id = vm.context();
+    vm.filter.on_context_create(id, root);
+    vm.host.effective = id;
+    let body = r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":32000}"#;
+    vm.host.request_headers.insert(
+        id,
+        vec![
+            (":method".into(), "POST".into()),
+            (":path".into(), "/v1/messages".into()),
+        ],
+    );
+    vm.filter.on_request_headers(&mut vm.host, id, false);
+    vm.host.request_body.insert(id, body.as_bytes().to_vec());
+    vm.filter
+        .on_request_body(&mut vm.host, id, body.len(), true);
+    let token = vm.last_token();
+    vm.answer(root, token, 200, r#"{"input_tokens":3000}"#);
+    assert_eq!(vm.body_of(id)["max_tokens"], 1096);
+    let sse = b"event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"max_tokens\",\"stop_sequence\":null},\"usage\":{\"output_tokens\":1096}}\n\nevent: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";
+    let (out, _) = vm.upstream(id, 200, "text/event-stream", &[&sse[..40], &sse[40..]]);
+    assert_eq!(
+        String::from_utf8(out).unwrap(),
+        String::from_utf8_lossy(sse).replace("\"max_tokens\"", "\"model_context_window_exceeded\"")
+    );
+    assert_eq!(vm.host.metric("incontext_window_stop"), 1);
 }

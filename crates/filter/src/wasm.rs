@@ -404,13 +404,13 @@ pub extern "C" fn proxy_on_request_trailers(context_id: u32, _trailers: usize) -
 }
 
 #[no_mangle]
-pub extern "C" fn proxy_on_response_headers(context_id: u32, _headers: usize, _end: bool) -> u32 {
-    with(|f, p| f.on_response_headers(p, context_id))
+pub extern "C" fn proxy_on_response_headers(context_id: u32, _headers: usize, end: bool) -> u32 {
+    with(|f, p| f.on_response_headers(p, context_id, end))
 }
 
 #[no_mangle]
-pub extern "C" fn proxy_on_response_body(_context_id: u32, _size: usize, _end: bool) -> u32 {
-    crate::filter::CONTINUE
+pub extern "C" fn proxy_on_response_body(context_id: u32, size: usize, end: bool) -> u32 {
+    with(|f, p| f.on_response_body(p, context_id, size, end))
 }
 
 #[no_mangle]

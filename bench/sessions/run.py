@@ -230,6 +230,7 @@ def summary(rows):
     fits = [r for r in rows if W - r["P"] >= B]
     long = [r for r in rows if r["P"] >= 8000]
     long_fits = [r for r in fits if r["P"] >= 8000]
+    long_skipped = [r for r in long_fits if r["source_skip"] == "bound"]
 
     def ratio(rs, name):
         return median([r[f"ttft_{name}"] / r["ttft_direct"] for r in rs])
@@ -259,6 +260,10 @@ def summary(rows):
         "added_count_long": added(long, "count"),
         "added_skip_long": added(long, "skip"),
         "n_long_fits": len(long_fits),
+        "n_long_skipped": len(long_skipped),
+        "ratio_envoy_long_skipped": ratio(long_skipped, "envoy"),
+        "ratio_count_long_skipped": ratio(long_skipped, "count"),
+        "ratio_skip_long_skipped": ratio(long_skipped, "skip"),
         "n_long": len(long),
         "count_ms_median": median([r["count_ms"] for r in rows]),
         "count_ms_max": max(r["count_ms"] for r in rows),
@@ -297,6 +302,11 @@ def markdown(all_rows, sums, env, hist, sessions_per):
             f"{s['added_envoy_long']:+.1f} / {s['added_count_long']:+.1f} / "
             f"{s['added_skip_long']:+.1f} | "
             f"{'every turn' if s['ok'] else 'NO'} |")
+    out += ["", "Over the turns the `skip` proxy skipped (P ≥ 8000), median TTFT ratio "
+            "envoy / count / skip: " + "; ".join(
+                f"{d}: {s['ratio_envoy_long_skipped']:.3f} / {s['ratio_count_long_skipped']:.3f} / "
+                f"{s['ratio_skip_long_skipped']:.3f} ({s['n_long_skipped']} turns)"
+                for d, s in sums.items()) + "."]
     out += ["", "vLLM's own count of these conversations (the bench's exact count, straight to "
             "the server): " + "; ".join(
                 f"{d}: median {s['count_ms_median']:.0f} ms, up to {s['count_ms_max']:.0f} ms"

@@ -336,6 +336,8 @@ PYEOF
   P="$(grep -o '~[0-9]* tokens' "$WORK/claude-reject.txt" | head -1 | tr -dc 0-9)"
   if [ -n "$P" ]; then
     step "agent 5/5 Claude Code through incontext, served: window_tokens $P + 256 so the tiny model's answer is short on CPU"
+    note "its request is served (input_tokens = $P); the random-weight model never ends an answer, so the"
+    note "window does, Claude Code continues, and what it gets then is its own \"Prompt is too long\""
     agent_envoy served "$(AGENT_CONFIG ", \"window_tokens\": $((P + 256))")"
     claude_p "$AGENT_URL"
   else

@@ -6,8 +6,9 @@ waits until the tokenizer has the call, and closes the connection. The scripted 
 every answer of a batch of 50 until the batch's clients are all gone, then answers them all.
 Each abandoned request leaves an orphan (docs/spec.md §7) that keeps the cache key and the
 model, not the body, so the VMs' linear memory (the filter's gauge
-`incontext_wasm_memory_bytes`, summed over Envoy's two workers) stays flat: a filter that kept
-the bodies would grow by 50 × 4 MiB in the first batch. Every step waits for the event it needs
+`incontext_wasm_memory_bytes`, summed over Envoy's two workers) stays flat: it grows by less
+than one body after the first batch, and by the filter's working set (far less than 50 bodies)
+in it. A filter that kept the bodies grows by 50 × 4 MiB in the first batch and on from there. Every step waits for the event it needs
 (the tokenizer's call, the orphan gauge), never for a fixed time.
 """
 
@@ -100,7 +101,9 @@ def test_abandoned_big_requests_leave_memory_flat(envoys, upstream):
     assert delta == {"incontext_requests": n, "incontext_cache_misses": n,
                      "incontext_tokenizer_calls": n, "incontext_count_calls": n}, delta
     assert memory[0] - start < GROWTH_BOUND, (start, memory)
-    assert max(memory) == memory[0], f"memory grew after the first batch: {memory}"
+    # Flat: over the 450 requests after the first batch the VMs do not grow by one body (the
+    # allocator may take a page or two more, e.g. 128 KiB on one run).
+    assert max(memory) - memory[0] < BODY_BYTES, f"memory grew after the first batch: {memory}"
     assert not env.vm_failures(baseline_vms), env.vm_failures(baseline_vms)
     assert "panic" not in env.log_text()
 

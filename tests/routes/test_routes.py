@@ -1,0 +1,81 @@
+"""One Envoy, one incontext configuration, two models on two real vLLM servers with different
+windows (docs/spec.md §16): each model is counted on its own server, budgeted with its own
+window, in the OpenAI and Anthropic dialects and in both orders of first use; a model's learned
+window never reaches the other; each route's counters count its own requests; a model no route
+names passes unchanged (`model`)."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from tests.harness.cases import SYSTEM, TOOLS, user
+from tests.routes.conftest import MODELS
+
+ORDERS = {
+    # Anthropic first: the window comes from each server's /v1/models.
+    "a_then_b_anthropic_first": [("tiny-a", "anthropic"), ("tiny-b", "anthropic"),
+                                 ("tiny-a", "chat"), ("tiny-b", "chat")],
+    # Chat first: the window comes with each server's /tokenize count.
+    "b_then_a_chat_first": [("tiny-b", "chat"), ("tiny-a", "chat"),
+                            ("tiny-b", "anthropic"), ("tiny-a", "anthropic")],
+}
+
+
+def body(model: str, dialect: str) -> tuple:
+    if dialect == "chat":
+        return "/v1/chat/completions", {
+            "model": model, "messages": [SYSTEM, user(f"Weather in Paris? ({model} chat)")],
+            "tools": TOOLS, "max_tokens": 100000, "temperature": 0}
+    return "/v1/messages", {
+        "model": model, "max_tokens": 32000, "system": "You are terse.",
+        "messages": [{"role": "user", "content": f"Say hello. ({model} anthropic)"}]}
+
+
+def post(env, path: str, payload: dict) -> tuple:
+    before = env.counters()
+    r = httpx.post(env.url + path, json=payload, headers={"x-model": payload["model"]},
+                   timeout=180)
+    after = env.counters()
+    return r, {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
+
+
+def prompt_usage(path: str, answer: dict) -> int:
+    u = answer["usage"]
+    if path == "/v1/messages":
+        return u["input_tokens"] + u.get("cache_read_input_tokens", 0)
+    return u["prompt_tokens"]
+
+
+@pytest.mark.parametrize("order", list(ORDERS))
+def test_each_model_counted_on_its_own_server(envoy_for, order):
+    env = envoy_for(order)
+    for model, dialect in ORDERS[order]:
+        other = next(m for m in MODELS if m != model)
+        calls = {m: env.cluster_stat(f"tok-{m}", "upstream_rq_total") for m in MODELS}
+        path, payload = body(model, dialect)
+        r, delta = post(env, path, payload)
+        what = f"{model} {dialect}: HTTP {r.status_code} {dict(r.headers)} {delta} {r.text[:200]}"
+        assert r.status_code == 200, what
+        assert r.headers.get("x-incontext-action") == "rewritten", what
+        assert r.headers.get("x-incontext-source") == "exact", what
+        prompt = int(r.headers["x-incontext-prompt-tokens"])
+        assert prompt == prompt_usage(path, r.json()), what
+        # The model's own window, never the other server's.
+        assert int(r.headers["x-incontext-max-tokens"]) == MODELS[model] - prompt, what
+        after = {m: env.cluster_stat(f"tok-{m}", "upstream_rq_total") for m in MODELS}
+        assert after[model] > calls[model] and after[other] == calls[other], (what, calls, after)
+        i = list(MODELS).index(model)
+        assert delta.get(f"incontext_route_{i}_rewritten") == 1, what
+        assert delta.get(f"incontext_route_{1 - i}_requests") is None, what
+        assert delta.get("incontext_rewritten") == 1, what
+
+
+def test_a_model_no_route_names_passes_unchanged(envoy_for):
+    env = envoy_for("unrouted")
+    payload = {"model": "tiny-c", "messages": [user("hi")], "max_tokens": 100000}
+    calls = sum(env.cluster_stat(f"tok-{m}", "upstream_rq_total") for m in MODELS)
+    r, delta = post(env, "/v1/chat/completions", payload)
+    assert r.headers.get("x-incontext-action") == "unchanged:model", (r.status_code, r.headers)
+    assert delta.get("incontext_unchanged_model") == 1, delta
+    assert sum(env.cluster_stat(f"tok-{m}", "upstream_rq_total") for m in MODELS) == calls

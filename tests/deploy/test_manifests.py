@@ -443,7 +443,9 @@ def test_embedded_config_is_valid(cfg_id, doc, path, checker):
 
 CONFIG_BREAKAGES = [
     ("min_ouput_tokens", lambda c: _rename_key(c, "min_output_tokens", "min_ouput_tokens")),
-    ("tokenizer.clster", lambda c: _rename_key(c["tokenizer"], "cluster", "clster")),
+    # A configuration of routes without a top-level tokenizer: its first route's.
+    ("tokenizer.clster", lambda c: _rename_key(
+        c["tokenizer"] if "tokenizer" in c else c["routes"][0]["tokenizer"], "cluster", "clster")),
     ("max_body_bytes", lambda c: c.__setitem__("max_body_bytes", 0)),
     ("on_insufficient", lambda c: c.__setitem__("on_insufficient", "drop")),
     ("(root)", lambda c: c.clear()),
@@ -479,7 +481,7 @@ def test_missing_config_is_rejected(checker):
 
 
 def vllm_service() -> tuple[str, str, int]:
-    svc = one("Service")
+    svc = named("Service", "vllm")
     ports = svc["spec"]["ports"]
     assert len(ports) == 1
     return svc["metadata"]["name"], svc["metadata"]["namespace"], ports[0]["port"]
@@ -596,8 +598,8 @@ def envoy_gateway_problems(eep: dict, ctp: dict, gateway: dict, route: dict) -> 
     return p
 
 
-def named(kind: str, name: str) -> dict:
-    found = [d for d in docs_of(kind) if d.get("metadata", {}).get("name") == name]
+def named(kind: str, name: str, api_prefix: str = "") -> dict:
+    found = [d for d in docs_of(kind, api_prefix) if d.get("metadata", {}).get("name") == name]
     assert len(found) == 1, f"expected one {kind} named {name}, found {len(found)}"
     return found[0]
 
@@ -612,10 +614,10 @@ def istio_set():
 
 def eg_set():
     return (
-        one("EnvoyExtensionPolicy"),
+        named("EnvoyExtensionPolicy", "incontext"),
         one("ClientTrafficPolicy"),
-        one("Gateway", "gateway.networking.k8s.io/"),
-        one("HTTPRoute"),
+        named("Gateway", "llm", "gateway.networking.k8s.io/"),
+        named("HTTPRoute", "vllm"),
     )
 
 
@@ -753,12 +755,12 @@ def istio_hold_set():
 
 def eg_hold_set():
     return (
-        one("EnvoyExtensionPolicy"),
+        named("EnvoyExtensionPolicy", "incontext"),
         one("BackendTrafficPolicy"),
         one("EnvoyProxy"),
         one("ClientTrafficPolicy"),
-        one("Gateway", "gateway.networking.k8s.io/"),
-        one("HTTPRoute"),
+        named("Gateway", "llm", "gateway.networking.k8s.io/"),
+        named("HTTPRoute", "vllm"),
     )
 
 
@@ -812,7 +814,7 @@ def test_envoy_gateway_broken_hold_is_rejected(what, breaker):
 
 def test_both_gateways_reference_the_same_image():
     wp = one("WasmPlugin")["spec"]
-    image = one("EnvoyExtensionPolicy")["spec"]["wasm"][0]["code"]["image"]
+    image = named("EnvoyExtensionPolicy", "incontext")["spec"]["wasm"][0]["code"]["image"]
     assert wp["url"] == "oci://" + image["url"].removeprefix("oci://")
     assert wp["sha256"] == image["sha256"]
     assert re.fullmatch(r"[0-9a-f]{64}", image["sha256"])

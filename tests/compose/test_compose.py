@@ -402,7 +402,41 @@ def test_backend_configs_differ_from_envoy_yaml_only_in_the_backend(config_name)
     assert "path" not in pc, "the backend defines its own count paths"
 
 
-@pytest.mark.parametrize("config_name", ["envoy.yaml", "envoy-sglang.yaml", "envoy-llamacpp.yaml"])
+def test_render_profile_counts_on_the_render_server(doc):
+    """The render profile (docs/spec.md §16): one Envoy whose requests go to the CPU vLLM and
+    whose count calls go to vLLM's render server, started with the same model, window and tool
+    flags."""
+    active = active_services(doc, ["render"])
+    envoys = [n for n, s in active.items() if s["image"].startswith("envoyproxy/envoy:")]
+    assert envoys == ["envoy-render"], envoys
+    envoy = active["envoy-render"]
+    m = bind_mounts(envoy)[envoy_config_arg(envoy)]
+    assert (ROOT / m["source"]).resolve() == (ROOT / "envoy" / "envoy-render.yaml").resolve(), m
+    cfg = load_config("envoy-render.yaml")
+    pc = plugin_config_of(cfg)
+    assert pc["tokenizer"]["backend"] == "vllm-render", pc
+    routes = [r["route"]["cluster"] for vh in
+              cfg["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+              ["typed_config"]["route_config"]["virtual_hosts"] for r in vh["routes"]]
+    assert routes == ["vllm"] and pc["tokenizer"]["cluster"] == "render", (routes, pc)
+    for cluster, server in (("vllm", "vllm-cpu"), ("render", "render")):
+        host, port = envoy_cluster_address(cfg, cluster)
+        assert [n for n, s in active.items() if host in names_of(n, s)] == [server], cluster
+        cmd = [str(c) for c in active[server]["command"]]
+        assert cmd[cmd.index("--port") + 1] == str(port), cmd
+        assert envoy["depends_on"][server]["condition"] == "service_healthy"
+    assert pc["tokenizer"]["authority"] == "render:8000"
+    render, gen = ([str(c) for c in active[n]["command"]] for n in ("render", "vllm-cpu"))
+    assert render[render.index("--model") + 1] == gen[0]
+    for flag in ("--max-model-len", "--tool-call-parser"):
+        assert render[render.index(flag) + 1] == gen[gen.index(flag) + 1], flag
+    assert "--enable-auto-tool-choice" in render
+    assert active["render"]["image"] == active["vllm-cpu"]["image"]
+    assert active["render"]["entrypoint"][-1] == "vllm.entrypoints.launchers.render.entry"
+
+
+@pytest.mark.parametrize("config_name", ["envoy.yaml", "envoy-sglang.yaml", "envoy-llamacpp.yaml",
+                                         "envoy-render.yaml"])
 def test_envoy_config_passes_envoy_validate(config_name, tmp_path):
     """`envoy --mode validate` on the shipped file, the wasm path pointed at the built wasm:
     Envoy loads the filter, which checks the plugin configuration (backend included)."""

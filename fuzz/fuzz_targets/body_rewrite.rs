@@ -605,9 +605,63 @@ fn check_messages(body: &[u8], s: &Setup) {
     }
 }
 
+/// The body as an OpenAI Responses request: only `max_output_tokens` is a cap and is what a
+/// rewrite writes; every other member is kept byte for byte; the count call's body is the
+/// request less its caps and `stream`; a rejection is `context_length_exceeded` on `input`.
+fn check_responses(body: &[u8], s: &Setup) {
+    let config = &configs()[s.kind];
+    let Ok(req) = analyze_at(body, config, Endpoint::Responses) else {
+        return;
+    };
+    if req.validate(body).is_err() {
+        return;
+    }
+    assert_eq!(req.form, Form::Responses);
+    let members = |text: &[u8], skip: &dyn Fn(&str) -> bool| -> Vec<(String, Vec<u8>)> {
+        scan(text)
+            .expect("object")
+            .into_iter()
+            .filter(|m| !skip(&m.key))
+            .map(|m| (m.key.clone(), text[m.value.clone()].to_vec()))
+            .collect()
+    };
+    let payload = incontext_core::dialect::responses::payload(&req, body).expect("a payload");
+    scan(&payload).expect("the count call's body is a JSON object");
+    assert_eq!(
+        members(&payload, &|_| false),
+        members(body, &|k| k == "max_output_tokens" || k == "stream"),
+        "count call body: {}",
+        show(body)
+    );
+    let d = decide(&req, body, config, s.count, s.learned);
+    match d.outcome {
+        Outcome::Rewrite { edit, value } => {
+            let out = edit.apply(body);
+            json_value(&out).expect("rewritten body is JSON");
+            let caps: Vec<Member> = scan(&out)
+                .expect("object")
+                .into_iter()
+                .filter(|m| m.key == "max_output_tokens")
+                .collect();
+            assert_eq!(caps.len(), 1, "one max_output_tokens: {}", show(&out));
+            assert_eq!(&out[caps[0].value.clone()], value.to_string().as_bytes());
+            let not_cap = |k: &str| k == "max_output_tokens";
+            assert_eq!(members(body, &not_cap), members(&out, &not_cap), "{}", show(body));
+        }
+        Outcome::Reject { body: e } => {
+            let v: Value = serde_json::from_slice(&e).expect("reject body is JSON");
+            assert_eq!(v["error"]["code"], "context_length_exceeded");
+            assert_eq!(v["error"]["param"], "input");
+        }
+        Outcome::Unchanged(_) => {}
+    }
+}
+
 fuzz_target!(|data: &[u8]| {
     check(data);
     if data.len() >= 6 {
-        check_messages(&data[6..], &setup(&data[..6]));
+        let s = setup(&data[..6]);
+        check_messages(&data[6..], &s);
+        check_responses(&data[6..], &s);
     }
 });

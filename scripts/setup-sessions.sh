@@ -7,6 +7,7 @@
 # Idempotent. The agents run offline against Envoy; nothing here logs in anywhere.
 #
 # Environment: INCONTEXT_AGENTS_DIR (default $HOME/.cache/incontext/agents).
+# setup: background
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 CLAUDE_CODE_VERSION=2.1.328

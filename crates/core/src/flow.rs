@@ -1853,7 +1853,7 @@ mod tests {
         y.on_stream_end(&p, &mut host);
         assert_eq!(
             host.calls.last().unwrap().2.path,
-            backend::MESSAGES_COUNT_PATH
+            "/v1/messages/count_tokens"
         );
         // The stream ended before the check's answer: still stored and held to the bound.
         let token = y.pending_token().unwrap();
@@ -2001,7 +2001,7 @@ mod tests {
         let (_, step) = send(&p, &mut host, "/v1/messages", MESSAGES);
         assert!(matches!(step, Step::Wait));
         assert_eq!(host.calls.len(), 2);
-        assert_eq!(host.calls[1].2.path, backend::MESSAGES_COUNT_PATH);
+        assert_eq!(host.calls[1].2.path, "/v1/messages/count_tokens");
     }
 
     #[test]
@@ -2222,7 +2222,7 @@ mod tests {
         let (mut y, _) = send(&p, &mut host, "/v1/messages", MESSAGES);
         assert_eq!(
             host.calls.last().unwrap().2.path,
-            backend::MESSAGES_COUNT_PATH
+            "/v1/messages/count_tokens"
         );
         match reply(&p, &mut host, &mut y, 200, r#"{"input_tokens":500}"#) {
             Step::Done(Action::Reply(r)) => {
@@ -2263,7 +2263,7 @@ mod tests {
         let mut host = FakeHost::default();
         let (mut x, step) = send(&p, &mut host, "/v1/responses?x=1", RESPONSES);
         assert!(matches!(step, Step::Wait));
-        assert_eq!(host.calls[0].2.path, backend::MODELS_PATH);
+        assert_eq!(host.calls[0].2.path, "/v1/models");
         let step = reply(
             &p,
             &mut host,
@@ -2273,7 +2273,7 @@ mod tests {
         );
         assert!(matches!(step, Step::Wait));
         let call = &host.calls[1].2;
-        assert_eq!(call.path, backend::RESPONSES_RENDER_PATH);
+        assert_eq!(call.path, "/v1/responses/render");
         assert_eq!(
             call.body.as_deref(),
             Some(
@@ -2358,7 +2358,7 @@ mod tests {
         let p = plugin(r#","backend":"llamacpp"|,"context_length":512"#);
         let mut host = FakeHost::default();
         let (mut x, _) = send(&p, &mut host, "/v1/responses", RESPONSES);
-        assert_eq!(host.calls[0].2.path, backend::LLAMACPP_RESPONSES_COUNT_PATH);
+        assert_eq!(host.calls[0].2.path, "/v1/responses/input_tokens");
         let v = rewritten(reply(&p, &mut host, &mut x, 200, r#"{"input_tokens":12}"#));
         assert_eq!(v["max_output_tokens"], 500);
     }
@@ -2369,7 +2369,7 @@ mod tests {
         let mut host = FakeHost::default();
         let (mut x, step) = send(&p, &mut host, "/v1/messages", MESSAGES);
         assert!(matches!(step, Step::Wait));
-        assert_eq!(host.calls[0].2.path, backend::MODELS_PATH);
+        assert_eq!(host.calls[0].2.path, "/v1/models");
         assert_eq!(host.calls[0].2.method, "GET");
         let step = reply(
             &p,
@@ -2379,7 +2379,7 @@ mod tests {
             r#"{"data":[{"id":"m","max_model_len":512}]}"#,
         );
         assert!(matches!(step, Step::Wait));
-        assert_eq!(host.calls[1].2.path, backend::MESSAGES_COUNT_PATH);
+        assert_eq!(host.calls[1].2.path, "/v1/messages/count_tokens");
         let v = rewritten(reply(&p, &mut host, &mut x, 200, r#"{"input_tokens":30}"#));
         assert_eq!(v["max_tokens"], 482);
         assert_eq!(v["system"], "be brief");
@@ -2393,7 +2393,7 @@ mod tests {
         );
         assert!(matches!(step, Step::Wait));
         assert_eq!(host.calls.len(), 3);
-        assert_eq!(host.calls[2].2.path, backend::MESSAGES_COUNT_PATH);
+        assert_eq!(host.calls[2].2.path, "/v1/messages/count_tokens");
     }
 
     #[test]
@@ -2442,7 +2442,7 @@ mod tests {
         let p = plugin(r#","backend":"llamacpp"|"#);
         let mut host = FakeHost::default();
         let (mut x, _) = send(&p, &mut host, "/v1/chat/completions", CHAT);
-        assert_eq!(host.calls[0].2.path, backend::LLAMACPP_PROPS_PATH);
+        assert_eq!(host.calls[0].2.path, "/props");
         reply(
             &p,
             &mut host,
@@ -2450,7 +2450,7 @@ mod tests {
             200,
             r#"{"default_generation_settings":{"n_ctx":512}}"#,
         );
-        assert_eq!(host.calls[1].2.path, backend::LLAMACPP_CHAT_COUNT_PATH);
+        assert_eq!(host.calls[1].2.path, "/v1/chat/completions/input_tokens");
         let v = rewritten(reply(&p, &mut host, &mut x, 200, r#"{"input_tokens":12}"#));
         assert_eq!(v["max_tokens"], 500);
 
@@ -2571,7 +2571,7 @@ mod tests {
         assert!(matches!(step, Step::Wait));
         assert_eq!(
             host.calls.last().unwrap().2.path,
-            backend::MESSAGES_COUNT_PATH
+            "/v1/messages/count_tokens"
         );
         let v = rewritten(reply(
             &p,
@@ -2851,7 +2851,7 @@ mod tests {
         );
         assert_eq!(
             host.calls.last().unwrap().2.path,
-            backend::MESSAGES_COUNT_PATH
+            "/v1/messages/count_tokens"
         );
         assert_eq!(host.calls.len(), 3);
         // After it: the window is learned again first, and the new one is used.
@@ -2863,7 +2863,7 @@ mod tests {
             "/v1/messages",
             Box::leak(b2.into_boxed_str()),
         );
-        assert_eq!(host.calls.last().unwrap().2.path, backend::MODELS_PATH);
+        assert_eq!(host.calls.last().unwrap().2.path, "/v1/models");
         reply(
             &p,
             &mut host,
@@ -2945,7 +2945,7 @@ mod tests {
         let p = plugin(r#","context_length":4096,"on_insufficient":"reject""#);
         let mut host = FakeHost::default();
         let (mut x, _) = send(&p, &mut host, "/v1/responses", RESPONSES);
-        assert_eq!(host.calls[0].2.path, backend::RESPONSES_RENDER_PATH);
+        assert_eq!(host.calls[0].2.path, "/v1/responses/render");
         match reply(&p, &mut host, &mut x, 400, V32_PROMPT_ERROR) {
             Step::Done(Action::Reply(r)) => {
                 let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
@@ -3098,5 +3098,33 @@ mod tests {
         ));
         assert_eq!(v["max_tokens"], 500);
         assert!(host.route_metrics.is_empty());
+    }
+
+    #[test]
+    fn an_abandoned_call_stores_its_answer_in_its_route() {
+        let p = routed();
+        let mut host = FakeHost::default();
+        let small = CHAT.replace(r#""m""#, r#""small""#);
+        let (mut x, _) = send(&p, &mut host, "/v1/chat/completions", &small);
+        let token = host.last_token();
+        let orphan = x.abandon().expect("a call is out");
+        let ok = r#"{"count":40,"max_model_len":2048}"#;
+        let answer = Answer {
+            token,
+            status: Some(200),
+            size: ok.len(),
+            body: ok.as_bytes(),
+        };
+        assert!(orphan.on_reply(&p, &mut host, &answer));
+        assert_eq!(p.routes[1].learned(&mut host, "small"), Some(2048));
+        assert_eq!(p.learned(&mut host, "small"), None);
+        assert!(host.route_metrics.contains(&(1, Metric::CacheMisses)));
+        let (_, step) = send(&p, &mut host, "/v1/chat/completions", &small);
+        assert_eq!(rewritten(step)["max_tokens"], 2008);
+        assert_eq!(
+            host.calls.len(),
+            1,
+            "the stored count is a hit in its route"
+        );
     }
 }

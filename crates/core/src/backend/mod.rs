@@ -275,7 +275,7 @@ mod tests {
         assert_eq!(body["tools"][0]["function"]["name"], "f");
         assert!(body.get("max_tokens").is_none());
         let l = call("llamacpp", Endpoint::OpenAi, CHAT);
-        assert_eq!(l.path, LLAMACPP_CHAT_COUNT_PATH);
+        assert_eq!(l.path, "/v1/chat/completions/input_tokens");
         assert_eq!(l.body.as_deref(), Some(CHAT.as_bytes()));
         let lc = call(
             "llamacpp",
@@ -289,11 +289,11 @@ mod tests {
         );
         for b in ["vllm", "sglang", "llamacpp"] {
             let a = call(b, Endpoint::Messages, ANTHROPIC);
-            assert_eq!(a.path, MESSAGES_COUNT_PATH);
+            assert_eq!(a.path, "/v1/messages/count_tokens");
             assert_eq!(a.body.as_deref(), Some(ANTHROPIC.as_bytes()));
         }
-        assert_eq!(window_call(&cfg("sglang")).path, MODELS_PATH);
-        assert_eq!(window_call(&cfg("llamacpp")).path, LLAMACPP_PROPS_PATH);
+        assert_eq!(window_call(&cfg("sglang")).path, "/v1/models");
+        assert_eq!(window_call(&cfg("llamacpp")).path, "/props");
         assert!(count_reports_window(&cfg("vllm"), Form::Chat));
         assert!(!count_reports_window(&cfg("vllm"), Form::Messages));
         assert!(!count_reports_window(&cfg("sglang"), Form::Chat));

@@ -60,7 +60,7 @@ fn prompt(c: Capture) -> (Option<u64>, bool) {
 
 /// The window error in a vLLM error message.
 pub(super) fn window_error(message: &str) -> Option<WindowError> {
-    // 0.32 and 0.31: the prompt alone is longer than the window.
+    // 0.32: the prompt alone is longer than the window.
     if let Some(c) = matches(
         message,
         &[
@@ -121,7 +121,34 @@ pub(super) fn window_error(message: &str) -> Option<WindowError> {
             ..WindowError::default()
         });
     }
-    // 0.31: prompt + cap exceed the window.
+    // 0.31: the prompt text has more characters than the tokens the window leaves could cover.
+    if let Some(c) = matches(
+        message,
+        &[
+            Text(MAX_MODEL_LEN),
+            Num,
+            Text(" tokens. However, you requested "),
+            Num,
+            Text(" output tokens and your prompt contains "),
+            Num,
+            Text(" characters (more than "),
+            Num,
+            Text(" characters, which is the upper bound for "),
+            Num,
+            Text(" input tokens)."),
+        ],
+    ) {
+        return Some(WindowError {
+            context: Some(c[0].value),
+            prompt: Some(c[4].value.saturating_add(1)),
+            prompt_exact: false,
+            // No output requested (a counter): the prompt alone is too long.
+            prompt_exceeds: c[1].value == 0,
+            cap: Some(c[1].value),
+            ..WindowError::default()
+        });
+    }
+    // 0.31: prompt + cap exceed the window (a counter asks for 0 output tokens).
     if let Some(c) = matches(
         message,
         &[
@@ -141,6 +168,7 @@ pub(super) fn window_error(message: &str) -> Option<WindowError> {
             context: Some(c[0].value),
             prompt,
             prompt_exact,
+            prompt_exceeds: c[1].value == 0,
             cap: Some(c[1].value),
             ..WindowError::default()
         });
@@ -192,8 +220,8 @@ pub(super) fn window_error(message: &str) -> Option<WindowError> {
             ..WindowError::default()
         });
     }
-    // 0.11: the prompt is longer than the limit it was checked against — the window in
-    // chat, the window less the cap in completions; which one, the message does not say.
+    // 0.11: the prompt is at least the limit it was checked against — the window in chat
+    // (P >= C), the window less the cap in completions; which one, the message does not say.
     if let Some(c) = matches(
         message,
         &[
@@ -262,6 +290,20 @@ mod window_tests {
         assert_eq!(
             (w.context, w.cap, w.prompt, w.prompt_exact, w.prompt_exceeds),
             (Some(512), Some(200), Some(313), false, false)
+        );
+    }
+
+    #[test]
+    fn vllm_0_31_counter_and_characters() {
+        let w = e("This model's maximum context length is 4096 tokens. However, you requested 0 output tokens and your prompt contains at least 4097 input tokens, for a total of at least 4097 tokens. Please reduce the length of the input prompt or the number of requested output tokens. (parameter=input_tokens, value=4097)");
+        assert_eq!(
+            (w.prompt, w.prompt_exceeds, w.cap),
+            (Some(4097), true, Some(0))
+        );
+        let w = e("This model's maximum context length is 4096 tokens. However, you requested 96 output tokens and your prompt contains 90000 characters (more than 80000 characters, which is the upper bound for 4000 input tokens). Please reduce the length of the input prompt or the number of requested output tokens. (parameter=input_text, value=90000)");
+        assert_eq!(
+            (w.context, w.prompt, w.prompt_exact, w.prompt_exceeds, w.cap),
+            (Some(4096), Some(4001), false, false, Some(96))
         );
     }
 

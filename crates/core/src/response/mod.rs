@@ -234,7 +234,8 @@ impl Response {
 
 /// The dialect's error for a window error, chosen by what is known (docs/spec.md §13):
 /// "prompt too long" when the prompt alone exceeds C (the server said so, the counter
-/// refused it, or an exact P ≥ C), else "prompt + cap too long". P is the exact count where
+/// refused it, or an exact P ≥ C, the filter's or the server's), else "prompt + cap too
+/// long". P is the exact count where
 /// one exists, else the larger of the server's lower bound and the estimate; C is the
 /// window the server named, else the filter's. `None` when a number the error needs is
 /// unknown: the answer then passes unchanged.
@@ -254,7 +255,8 @@ pub fn translate(budget: &Budget, e: &WindowError) -> Option<Vec<u8>> {
             (a, b) => a.or(b),
         }
     }?;
-    let too_long = e.prompt_exceeds || budget.too_long || (budget.exact && prompt >= context);
+    let exact = budget.exact || e.prompt_exact;
+    let too_long = e.prompt_exceeds || budget.too_long || (exact && prompt >= context);
     if too_long {
         return Some(errors::prompt_too_long(budget.dialect, prompt, context));
     }
@@ -404,6 +406,19 @@ mod tests {
             ..budget(Dialect::OpenAi)
         };
         assert!(translated(&b, body).unwrap().starts_with("This model's maximum context length is 512 tokens. However, your messages resulted in 630 tokens (430 in the messages, 200"));
+        // vLLM 0.11's chat: the limit is C and the prompt (exact, the server's) reaches it.
+        let body = r#"{"error":{"message":"This model's maximum context length is 512 tokens. However, your request has 600 input tokens. Please reduce the length of the input messages.","type":"BadRequestError","param":null,"code":400}}"#;
+        let e = Budget {
+            prompt: Some(550),
+            exact: false,
+            context: Some(512),
+            ..budget(Dialect::Anthropic)
+        };
+        assert_eq!(
+            translated(&e, body).unwrap(),
+            "prompt is too long: 600 tokens > 512 maximum"
+        );
+        let body = r#"{"error":{"message":"This model's maximum context length is 312 tokens. However, your request has 430 input tokens. Please reduce the length of the input messages.","type":"BadRequestError","param":null,"code":400}}"#;
         // Nothing names C: unchanged.
         let b = Budget { cap: None, ..b };
         assert_eq!(translated(&b, body), None);

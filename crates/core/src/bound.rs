@@ -60,7 +60,7 @@ pub const FLOAT: u64 = 24;
 /// Re-rendering seam of an earlier message whose reasoning the template may drop.
 pub const RESTYLE: u64 = 8;
 /// How many prefix lengths are probed, newest first.
-pub const MAX_PROBES: usize = 64;
+pub const MAX_PROBES: usize = 16;
 
 const PREFIX: &str = "incontext.v1.prefix.";
 const OFF: &str = "incontext.v1.skip_off.";

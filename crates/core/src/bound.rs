@@ -41,7 +41,8 @@
 
 use crate::dialect::Form;
 use crate::json::find::Needle;
-use crate::json::scan::array_items;
+use crate::json::scan::skip_ws;
+use crate::json::skim::container_end;
 use crate::request::Request;
 use serde::Deserialize;
 use serde_json::value::RawValue;
@@ -102,7 +103,35 @@ fn seed(req: &Request, body: &[u8], scope: &str, context_length: Option<u64>) ->
     h.digest128()
 }
 
-/// The chain of a chat or Anthropic request; `None` when its messages are not an array.
+/// The items of the array at `range` when every item is an object, found by skimming: the
+/// body was validated before (`Request::validate`).
+fn objects(body: &[u8], range: Range<usize>) -> Option<Vec<Range<usize>>> {
+    let mut items = Vec::new();
+    let mut i = skip_ws(body, range.start);
+    if body.get(i) != Some(&b'[') {
+        return None;
+    }
+    i = skip_ws(body, i + 1);
+    if body.get(i) == Some(&b']') {
+        return Some(items);
+    }
+    loop {
+        if body.get(i) != Some(&b'{') {
+            return None;
+        }
+        let end = container_end(body, i).filter(|e| *e <= range.end)?;
+        items.push(i..end);
+        i = skip_ws(body, end);
+        match body.get(i) {
+            Some(b',') => i = skip_ws(body, i + 1),
+            Some(b']') => return Some(items),
+            _ => return None,
+        }
+    }
+}
+
+/// The chain of a chat or Anthropic request whose body was validated; `None` when its
+/// messages are not an array of objects.
 pub fn chain(
     req: &Request,
     body: &[u8],
@@ -110,11 +139,7 @@ pub fn chain(
     context_length: Option<u64>,
 ) -> Option<Chain> {
     let range = req.members.get(req.fields.messages?)?.value.clone();
-    let text = body.get(range.clone())?;
-    let items: Vec<Range<usize>> = array_items(text)?
-        .into_iter()
-        .map(|r| range.start + r.start..range.start + r.end)
-        .collect();
+    let items = objects(body, range)?;
     let mut link = seed(req, body, scope, context_length);
     let links = items
         .iter()
@@ -388,6 +413,32 @@ mod tests {
         let swapped = r#"{"model":"m","messages":[{"role":"user","content":"hi"},{"role":"system","content":"s"}],"tools":[]}"#;
         let s = chain_of(swapped, Endpoint::OpenAi, "r");
         assert!(s.links.iter().all(|l| !a.links.contains(l)));
+    }
+
+    #[test]
+    fn messages_are_split_by_skimming() {
+        let spaced = br#"{"messages": [ {"role":"user","content":"a]"} ,
+            {"role":"assistant","content":"}"}  ]}"#;
+        let items = objects(spaced, 13..spaced.len() - 1).unwrap();
+        assert_eq!(items.len(), 2);
+        assert_eq!(
+            &spaced[items[0].clone()],
+            br#"{"role":"user","content":"a]"}"#
+        );
+        assert_eq!(
+            &spaced[items[1].clone()],
+            br#"{"role":"assistant","content":"}"}"#
+        );
+        let text = br#"[]"#;
+        assert_eq!(objects(text, 0..2), Some(vec![]));
+        for text in [&br#"[1]"#[..], br#"[{},"x"]"#, br#"{"a":1}"#, br#"[{}"#] {
+            assert_eq!(
+                objects(text, 0..text.len()),
+                None,
+                "{:?}",
+                std::str::from_utf8(text)
+            );
+        }
     }
 
     #[test]

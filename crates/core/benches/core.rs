@@ -16,6 +16,9 @@
 //!   hit_path    analyze + cache_key + decide: everything a cache hit does in the core
 //!   miss_path   analyze + validate + cache_key + payload + decide (no tokenizer reply)
 //!   passthrough analyze of the same content without `messages` (returns Shape)
+//!   response    the answer side per answer: a success's head (passes, its body never read);
+//!               a streamed Anthropic answer of 400 events the window may have ended, watched
+//!               event by event (`stream`, per answer); a window error translated
 //! Throughput is reported in bytes of request body per second; `bench/criterion-table.py`
 //! prints the medians as a Markdown table.
 
@@ -295,5 +298,91 @@ fn bench(c: &mut Criterion) {
     .is_err());
 }
 
-criterion_group!(benches, bench);
+/// The answer side (docs/spec.md §13): what a budgeted request's answer costs in the core.
+fn response(c: &mut Criterion) {
+    use incontext_core::config::Backend;
+    use incontext_core::response::{self, Budget, Dialect, Head, Response};
+    let budget = Budget {
+        dialect: Dialect::Anthropic,
+        backend: Backend::Vllm,
+        model: "m".to_string(),
+        prompt: Some(3000),
+        exact: true,
+        too_long: false,
+        context: Some(32768),
+        cap: Some(29768),
+        window_cap: None,
+    };
+    let watched = Budget {
+        window_cap: Some(29768),
+        ..budget.clone()
+    };
+    let ok = Head {
+        status: Some(200),
+        content_type: Some("application/json"),
+        content_length: Some("2048"),
+        ..Head::default()
+    };
+    let sse = Head {
+        content_type: Some("text/event-stream"),
+        content_length: None,
+        ..ok
+    };
+    let mut events = String::new();
+    for i in 0..400 {
+        events.push_str(&format!(
+            "event: content_block_delta\ndata: {{\"type\":\"content_block_delta\",\"index\":0,\"delta\":{{\"type\":\"text_delta\",\"text\":\"word{i} \"}}}}\n\n"
+        ));
+    }
+    events.push_str("event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"max_tokens\",\"stop_sequence\":null},\"usage\":{\"output_tokens\":29768}}\n\nevent: message_stop\ndata: {\"type\":\"message_stop\"}\n\n");
+    // Chunks as a server writes them: one event each.
+    let chunks: Vec<&[u8]> = events.split_inclusive("\n\n").map(str::as_bytes).collect();
+    let error = br#"{"error":{"message":"This model's maximum context length is 32768 tokens. However, your prompt contains at least 32769 input tokens, which exceeds this limit even without any output tokens. Please reduce the length of the input prompt. (parameter=input_tokens, value=32769)","type":"BadRequestError","param":"input_tokens","code":400}}"#;
+    let mut g = c.benchmark_group("response");
+    g.warm_up_time(Duration::from_millis(500));
+    g.measurement_time(Duration::from_secs(2));
+    g.bench_function("success_head", |b| {
+        b.iter(|| {
+            let mut r = Response::default();
+            let step = r.on_headers(Some(black_box(&budget)), true, black_box(&ok));
+            (step, r.on_body(2048, true))
+        })
+    });
+    g.bench_function("stream_watched", |b| {
+        b.iter(|| {
+            let mut r = Response::default();
+            r.on_headers(Some(&watched), true, &sse);
+            let mut changed = 0;
+            for (i, chunk) in chunks.iter().enumerate() {
+                let end = i + 1 == chunks.len();
+                r.on_body(chunk.len(), end);
+                if r.on_data(Some(&watched), black_box(chunk), end).window_stop {
+                    changed += 1;
+                }
+            }
+            assert_eq!(changed, 1);
+            changed
+        })
+    });
+    g.bench_function("stream_unwatched", |b| {
+        b.iter(|| {
+            let mut r = Response::default();
+            r.on_headers(Some(&budget), true, &sse);
+            chunks
+                .iter()
+                .map(|c| r.on_body(black_box(c.len()), false))
+                .filter(|s| *s != response::BodyStep::Continue)
+                .count()
+        })
+    });
+    g.bench_function("error_translated", |b| {
+        b.iter(|| {
+            let e = response::window::parse(Backend::Vllm, black_box(error)).expect("window error");
+            response::translate(&budget, &e).map(|t| t.len())
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, bench, response);
 criterion_main!(benches);

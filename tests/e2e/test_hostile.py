@@ -77,7 +77,7 @@ def _still_serving(request, upstream):
         p.close()
     assert_rewritten(res, PROBE_COUNT)
     assert res.delta == {"incontext_requests": 1, "incontext_cache_misses": 1,
-                         "incontext_tokenizer_calls": 1, "incontext_rewritten": 1}, res.delta
+                         "incontext_tokenizer_calls": 1, "incontext_count_calls": 1, "incontext_rewritten": 1}, res.delta
     assert not env.vm_failures(env.baseline), env.vm_failures(env.baseline)
 
 
@@ -191,13 +191,13 @@ def d_unchanged(reason):
     return {"incontext_requests": 1, f"incontext_unchanged_{reason}": 1}
 
 
-D_EXACT = {"incontext_requests": 1, "incontext_cache_misses": 1, "incontext_tokenizer_calls": 1,
+D_EXACT = {"incontext_requests": 1, "incontext_cache_misses": 1, "incontext_tokenizer_calls": 1, "incontext_count_calls": 1,
            "incontext_rewritten": 1}
 
 
 def d_failed(kind):
     return {"incontext_requests": 1, "incontext_cache_misses": 1,
-            "incontext_tokenizer_calls": 1, f"incontext_tokenizer_failures_{kind}": 1,
+            "incontext_tokenizer_calls": 1, "incontext_count_calls": 1, f"incontext_tokenizer_failures_{kind}": 1,
             "incontext_estimates": 1, "incontext_rewritten": 1}
 
 
@@ -590,7 +590,7 @@ def test_client_disconnects_while_tokenizer_call_in_flight(hp, henv, upstream, c
     for s in socks:
         s.close()
     want = {"incontext_requests": clients, "incontext_cache_misses": clients,
-            "incontext_tokenizer_calls": clients}
+            "incontext_tokenizer_calls": clients, "incontext_count_calls": clients}
     assert wait_counters(henv, before, want) == want
     gate.open()   # the late answers, once every client has gone
     assert _wait_late_answers(henv, gate, answered, clients) == clients
@@ -625,7 +625,7 @@ def test_http2_stream_reset_while_tokenizer_call_in_flight(hp, henv, upstream):
             with pytest.raises(asyncio.CancelledError):
                 await task
     asyncio.run(go())
-    want = {"incontext_requests": 1, "incontext_cache_misses": 1, "incontext_tokenizer_calls": 1}
+    want = {"incontext_requests": 1, "incontext_cache_misses": 1, "incontext_tokenizer_calls": 1, "incontext_count_calls": 1}
     assert wait_counters(henv, before, want) == want
     gate.open()
     assert _wait_late_answers(henv, gate, answered, 1) == 1
@@ -706,6 +706,8 @@ def test_counters_consistent_and_no_vm_failure(henv):
     assert c["incontext_requests"] == decided + LEDGER["abandoned"], (c, LEDGER)
     assert c["incontext_tokenizer_calls"] == c["incontext_cache_misses"] - LEDGER["no_payload"], (
         c, LEDGER)
+    # every call of this module is a count on the request's path (no window lookup, no skip)
+    assert c["incontext_count_calls"] == c["incontext_tokenizer_calls"], c
     assert c["incontext_estimates"] == failures + LEDGER["no_payload"], (c, LEDGER)
     assert c["incontext_unchanged_internal"] == 0 and c["incontext_rejected"] == 0, c
     assert c["incontext_tokenizer_failures_dispatch"] == 0, c

@@ -33,6 +33,16 @@ Where each order comes from:
   ``envoyextensionpolicy/<ns>/<name>/wasm/<i>``; ``failOpen`` becomes ``fail_open``.
   request_buffer.go: ``envoy.filters.http.buffer`` disabled on the HCM, enabled on the route by
   a ``BufferPerRoute`` with ``max_request_bytes`` = requestBuffer.limit.
+* Envoy AI Gateway (envoyproxy/ai-gateway, internal/extensionserver/post_translate_modify.go,
+  read at c217da8, 2026-08-21; the same in v1.1.0): after Envoy Gateway's ordering,
+  insertAIGatewayExtProcFilter puts ``envoy.filters.http.ext_proc/aigateway`` (request body
+  BUFFERED, ``disabled: true``, enabled on the AIGatewayRoute's routes) right before the first
+  ext_proc, wasm, lua, rbac, local_ratelimit, ratelimit, custom_response, credential_injector,
+  compressor or router filter (afterExtProcFilterPrefixes), or right after the last buffer
+  filter when one sits at or after that place. Its per-backend upstream ext_proc (request
+  headers only) goes among the cluster's upstream HTTP filters before upstream_codec; it
+  replaces the body with the router-level copy when it rebuilds the request
+  (internal/extproc/processor_impl.go, wantBodyReplace).
 """
 
 from __future__ import annotations
@@ -306,12 +316,11 @@ def eg_sort(filters: List[dict], filter_order: List[dict]) -> List[dict]:
     return out
 
 
-def envoy_gateway(*, wasm_path: str, listen_port: int, admin_port: int, upstream,
-                  workdir: Path, overrides: dict, request_buffer: Optional[dict] = None,
-                  filter_order: List[dict] = ()) -> dict:
-    """``request_buffer``: a BackendTrafficPolicy ``spec.requestBuffer``; ``filter_order``:
-    an EnvoyProxy ``spec.filterOrder``."""
-    eep = manifest("envoy-gateway/extension-policy.yaml", "EnvoyExtensionPolicy")
+def eg_http_filters(eep_rel: str, wasm_path: str, overrides: dict,
+                    request_buffer: Optional[dict], filter_order: List[dict]):
+    """The HCM filters and per-route configs Envoy Gateway makes for the EnvoyExtensionPolicy
+    in ``eep_rel``; returns (http_filters, typed_per_filter_config, plugin configuration)."""
+    eep = manifest(eep_rel, "EnvoyExtensionPolicy")
     meta = eep["metadata"]
     w = eep["spec"]["wasm"][0]
     ir_name = f"envoyextensionpolicy/{meta['namespace']}/{meta['name']}/wasm/0"
@@ -339,7 +348,17 @@ def envoy_gateway(*, wasm_path: str, listen_port: int, admin_port: int, upstream
         per_route["envoy.filters.http.buffer"] = _typed(
             "envoy.extensions.filters.http.buffer.v3.BufferPerRoute",
             buffer={"max_request_bytes": limit})
-    http_filters = eg_sort(filters, list(filter_order))
+    return eg_sort(filters, list(filter_order)), per_route, pc
+
+
+def envoy_gateway(*, wasm_path: str, listen_port: int, admin_port: int, upstream,
+                  workdir: Path, overrides: dict, request_buffer: Optional[dict] = None,
+                  filter_order: List[dict] = ()) -> dict:
+    """``request_buffer``: a BackendTrafficPolicy ``spec.requestBuffer``; ``filter_order``:
+    an EnvoyProxy ``spec.filterOrder``."""
+    http_filters, per_route, pc = eg_http_filters(
+        "envoy-gateway/extension-policy.yaml", wasm_path, overrides, request_buffer,
+        filter_order)
     cluster = pc["tokenizer"]["cluster"]   # httproute/llm/vllm/rule/0
     ctp = manifest("envoy-gateway/client-traffic-policy.yaml", "ClientTrafficPolicy")
     limit = quantity(ctp["spec"]["connection"]["bufferLimit"])
@@ -349,6 +368,95 @@ def envoy_gateway(*, wasm_path: str, listen_port: int, admin_port: int, upstream
              "typed_per_filter_config": per_route}
     return _bootstrap(admin_port, _listener(listen_port, limit, http_filters, route, "eg"),
                       _cluster(cluster, upstream))
+
+
+# ------------------------------------------------------------------------------------------
+# Envoy AI Gateway
+
+AIGW_EXTPROC = "envoy.filters.http.ext_proc/aigateway"
+EXTPROC_TYPE = "envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor"
+# afterExtProcFilterPrefixes: the AI Gateway's ext_proc goes right before the first of these.
+AIGW_BEFORE = ("envoy.filters.http.ext_proc", "envoy.filters.http.wasm", "envoy.filters.http.lua",
+               "envoy.filters.http.rbac", "envoy.filters.http.local_ratelimit",
+               "envoy.filters.http.ratelimit", "envoy.filters.http.custom_response",
+               "envoy.filters.http.credential_injector", "envoy.filters.http.compressor",
+               "envoy.filters.http.router")
+
+
+def ai_gateway_insert(filters: List[dict], extproc: dict) -> List[dict]:
+    """insertAIGatewayExtProcFilter: before the first filter named with a prefix of
+    AIGW_BEFORE, or right after the last buffer filter when one sits at or after that place."""
+    at = next(i for i, f in enumerate(filters) if f["name"].startswith(AIGW_BEFORE))
+    buffers = [i for i, f in enumerate(filters) if f["name"].startswith("envoy.filters.http.buffer")]
+    if buffers and buffers[-1] >= at:
+        at = buffers[-1] + 1
+    return filters[:at] + [extproc] + filters[at:]
+
+
+def _h2_cluster(name: str, addr) -> dict:
+    c = _cluster(name, addr)
+    c["typed_extension_protocol_options"] = {
+        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": _typed(
+            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+            explicit_http_config={"http2_protocol_options": {}})}
+    return c
+
+
+def ai_gateway(*, wasm_path: str, listen_port: int, admin_port: int, upstream, workdir: Path,
+               overrides: dict, router_extproc, upstream_extproc,
+               request_buffer: Optional[dict] = None, filter_order: List[dict] = ()) -> dict:
+    """The Gateway of envoy-gateway/gateway.yaml with the AI Gateway's extension server applied
+    to the route of ai-gateway/route.yaml and incontext from ai-gateway/extension-policy.yaml.
+
+    Envoy Gateway orders its filters first (``request_buffer`` and ``filter_order`` as in
+    ``envoy_gateway``); then the AI Gateway inserts its router-level ext_proc
+    (``ai_gateway_insert``, disabled on the listener, enabled on its route), and puts its
+    upstream ext_proc among the backend cluster's upstream HTTP filters, before the upstream
+    codec. ``router_extproc`` / ``upstream_extproc``: (host, port) of the two processors
+    (tests.harness.extproc; the AI Gateway serves both from one process). One route: the first
+    AIGatewayRoute rule's backend; every tokenizer cluster of the configuration goes to
+    ``upstream`` too. Left out: the AI Gateway's header-mutation filter after its upstream
+    ext_proc (it restamps Content-Length on a rebuilt body)."""
+    http_filters, per_route, pc = eg_http_filters(
+        "ai-gateway/extension-policy.yaml", wasm_path, overrides, request_buffer, filter_order)
+    router_cfg = _typed(
+        EXTPROC_TYPE,
+        grpc_service={"envoy_grpc": {"cluster_name": "ai-gateway-extproc-uds"}},
+        processing_mode={"request_header_mode": "SEND", "request_body_mode": "BUFFERED",
+                         "request_trailer_mode": "SKIP", "response_header_mode": "SKIP",
+                         "response_body_mode": "NONE", "response_trailer_mode": "SKIP"},
+        message_timeout="10s", failure_mode_allow=False, allow_mode_override=True)
+    http_filters = ai_gateway_insert(
+        http_filters, {"name": AIGW_EXTPROC, "disabled": True, "typed_config": router_cfg})
+    per_route[AIGW_EXTPROC] = _typed("envoy.config.route.v3.FilterConfig", config={})
+    upstream_cfg = _typed(
+        EXTPROC_TYPE,
+        grpc_service={"envoy_grpc": {"cluster_name": "ai-gateway-extproc-upstream"}},
+        processing_mode={"request_header_mode": "SEND", "request_body_mode": "NONE",
+                         "response_header_mode": "SKIP", "response_body_mode": "NONE"},
+        message_timeout="10s", allow_mode_override=True)
+    backend = _cluster("httproute/llm/models/rule/0", upstream)
+    backend["typed_extension_protocol_options"] = {
+        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": _typed(
+            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+            explicit_http_config={"http_protocol_options": {}},
+            http_filters=[
+                {"name": AIGW_EXTPROC, "typed_config": upstream_cfg},
+                {"name": "envoy.filters.http.upstream_codec", "typed_config": _typed(
+                    "envoy.extensions.filters.http.upstream_codec.v3.UpstreamCodec")}])}
+    clusters = [backend, _h2_cluster("ai-gateway-extproc-uds", router_extproc),
+                _h2_cluster("ai-gateway-extproc-upstream", upstream_extproc)]
+    for r in pc.get("routes", []):
+        clusters.append(_cluster(r["tokenizer"]["cluster"], upstream))
+    ctp = manifest("envoy-gateway/client-traffic-policy.yaml", "ClientTrafficPolicy")
+    limit = quantity(ctp["spec"]["connection"]["bufferLimit"])
+    route = {"match": {"prefix": "/"},
+             "route": {"cluster": backend["name"], "timeout": "60s"},
+             "typed_per_filter_config": per_route}
+    boot = _bootstrap(admin_port, _listener(listen_port, limit, http_filters, route, "aigw"),
+                      clusters[0])
+    boot["static_resources"]["clusters"] = clusters
+    return boot
 
 
 def _http_filters(bootstrap: dict) -> List[dict]:

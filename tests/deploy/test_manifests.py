@@ -756,7 +756,7 @@ def istio_hold_set():
 def eg_hold_set():
     return (
         named("EnvoyExtensionPolicy", "incontext"),
-        one("BackendTrafficPolicy"),
+        named("BackendTrafficPolicy", "incontext-hold-request"),
         one("EnvoyProxy"),
         one("ClientTrafficPolicy"),
         named("Gateway", "llm", "gateway.networking.k8s.io/"),

@@ -12,7 +12,8 @@ The recording upstream (tests/harness/recorder.py) is the model server and answe
 incontext's /tokenize.
 
 * With the buffer filter moved after Wasm (envoy-gateway/hold-request.yaml's EnvoyProxy
-  filterOrder, and a requestBuffer on the AI Gateway's HTTPRoute) the chain is incontext,
+  filterOrder, and ai-gateway/hold-request.yaml's requestBuffer on the AI Gateway's HTTPRoute
+  ``models``) the chain is incontext,
   buffer, the AI Gateway's ext_proc, router: the ext_proc reads the rewritten cap, and the
   model server gets it, also when the upstream filter rebuilds the request from the
   ext_proc's copy.
@@ -46,13 +47,13 @@ MODEL = PC["routes"][0]["model"]          # the coder model: the top-level polic
 COUNT = 100
 CLIENT_CAP = 100000                       # more than the window leaves
 
-HOLD_EG_BTP = layouts.manifest("envoy-gateway/hold-request.yaml", "BackendTrafficPolicy")
+HOLD_BTP = layouts.manifest("ai-gateway/hold-request.yaml", "BackendTrafficPolicy")
 HOLD_EG_PROXY = layouts.manifest("envoy-gateway/hold-request.yaml", "EnvoyProxy")
 
 WASM_NAME = "envoy.filters.http.wasm/envoyextensionpolicy/llm/incontext-ai-gateway/wasm/0"
 LAYOUTS = {
     "ai-gateway-with-hold-request": (
-        {"request_buffer": HOLD_EG_BTP["spec"]["requestBuffer"],
+        {"request_buffer": HOLD_BTP["spec"]["requestBuffer"],
          "filter_order": HOLD_EG_PROXY["spec"]["filterOrder"]},
         [WASM_NAME, "envoy.filters.http.buffer", layouts.AIGW_EXTPROC,
          "envoy.filters.http.router"]),
@@ -179,3 +180,12 @@ def test_which_cap_the_ai_gateway_reads_and_the_model_server_gets(gw, rebuild):
     assert fwd[0].transfer_encoding is None or fwd[0].content_length is None
     if fwd[0].content_length is not None:
         assert fwd[0].content_length == str(len(fwd[0].body))
+
+
+def test_hold_policy_enables_the_buffer_on_incontexts_route():
+    """ai-gateway/hold-request.yaml enables the buffer filter on the route incontext runs on,
+    with room for every body incontext reads."""
+    assert HOLD_BTP["spec"]["targetRefs"] == EEP["spec"]["targetRefs"], HOLD_BTP["spec"]
+    assert HOLD_BTP["metadata"]["namespace"] == EEP["metadata"]["namespace"]
+    limit = layouts.quantity(HOLD_BTP["spec"]["requestBuffer"]["limit"])
+    assert limit >= PC["max_body_bytes"], (limit, PC["max_body_bytes"])

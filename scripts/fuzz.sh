@@ -1,19 +1,19 @@
 #!/usr/bin/env bash
-# Fuzzes the native core with cargo-fuzz (libFuzzer); see fuzz/README.md.
+# Fuzzes the native core with libFuzzer (libfuzzer-sys); see fuzz/README.md.
 #
 #   scripts/fuzz.sh                    every target, 600 s each, one after another
 #   scripts/fuzz.sh body_rewrite 1800  one target for 30 minutes
 #   scripts/fuzz.sh all 0              replay the seeds and the saved corpus only (a quick check)
 #
-# Targets: body_rewrite caps tokenize_reply config. Installs cargo-fuzz when missing.
-# cargo-fuzz needs nightly-only flags; RUSTC_BOOTSTRAP=1 lets the stable toolchain take them.
-# Runs at nice 19, one job at a time. New corpus entries go to fuzz/corpus/<target>/ (ignored
-# by git; the committed seeds are fuzz/seeds/<target>/). A crash leaves its input in
-# fuzz/artifacts/<target>/ and makes this script exit 1; reproduce it with
-#   RUSTC_BOOTSTRAP=1 cargo fuzz run -s none -a <target> fuzz/artifacts/<target>/crash-...
-# (from fuzz/), and shrink it with `cargo fuzz tmin` the same way.
-# Environment: FUZZ_SANITIZER (default none: the core has no unsafe code; `address` works too),
-# FUZZ_ARGS (extra libFuzzer flags).
+# Targets: body_rewrite caps tokenize_reply config. Built with plain cargo and the flags
+# cargo-fuzz would pass (SanitizerCoverage, --cfg fuzzing, debug assertions, one codegen unit),
+# so nothing is installed. Runs at nice 19, one job at a time. New corpus entries go to
+# fuzz/corpus/<target>/ (ignored by git; the committed seeds are fuzz/seeds/<target>/). A crash
+# leaves its input in fuzz/artifacts/<target>/ and makes this script exit 1; reproduce it with
+#   fuzz/target/x86_64-unknown-linux-gnu/release/<target> fuzz/artifacts/<target>/crash-...
+# and shrink it with the same binary and -minimize_crash=1.
+# Environment: FUZZ_SANITIZER (default none: the core has no unsafe code; `address` works too,
+# through RUSTC_BOOTSTRAP=1), FUZZ_ARGS (extra libFuzzer flags).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT/fuzz"
@@ -34,14 +34,23 @@ case "$SECONDS_EACH" in
   ''|*[!0-9]*) echo "seconds must be a whole number, got '$SECONDS_EACH'" >&2; exit 2 ;;
 esac
 
-if ! cargo fuzz --version >/dev/null 2>&1; then
-  echo "==> installing cargo-fuzz"
-  nice -n 19 cargo install cargo-fuzz --locked
-fi
-export RUSTC_BOOTSTRAP=1
+TRIPLE="$(rustc -vV | sed -n 's/^host: //p')"
+FLAGS="-Cpasses=sancov-module -Cllvm-args=-sanitizer-coverage-level=4"
+FLAGS+=" -Cllvm-args=-sanitizer-coverage-inline-8bit-counters -Cllvm-args=-sanitizer-coverage-pc-table"
+FLAGS+=" -Cllvm-args=-sanitizer-coverage-trace-compares --cfg fuzzing"
+FLAGS+=" -Cllvm-args=-simplifycfg-branch-fold-threshold=0 -Cdebug-assertions -Ccodegen-units=1"
+case "$TRIPLE" in *-linux-*) FLAGS+=" -Cllvm-args=-sanitizer-coverage-stack-depth" ;; esac
+case "$SANITIZER" in
+  none) ;;
+  address|leak|memory|thread) FLAGS+=" -Zsanitizer=$SANITIZER"; export RUSTC_BOOTSTRAP=1 ;;
+  *) echo "unknown FUZZ_SANITIZER '$SANITIZER' (none address leak memory thread)" >&2; exit 2 ;;
+esac
 
 echo "==> building fuzz targets (sanitizer: $SANITIZER)"
-nice -n 19 cargo fuzz build -s "$SANITIZER" --debug-assertions
+# --target: the flags reach the targets and the core, not build scripts or proc macros.
+RUSTFLAGS="$FLAGS ${RUSTFLAGS:-}" nice -n 19 cargo build --manifest-path Cargo.toml \
+  --target "$TRIPLE" --release --config 'profile.release.debug="line-tables-only"' --bins
+BIN="target/$TRIPLE/release"
 
 status=0
 for t in "${TARGETS[@]}"; do
@@ -57,8 +66,8 @@ for t in "${TARGETS[@]}"; do
   args+=(${FUZZ_ARGS:-})
   log="artifacts/$t.log"
   echo "==> $t: ${SECONDS_EACH}s (log: fuzz/$log)"
-  if nice -n 19 cargo fuzz run -s "$SANITIZER" --debug-assertions "$t" "corpus/$t" "seeds/$t" \
-      -- "${args[@]}" >"$log" 2>&1; then
+  if nice -n 19 "$BIN/$t" -artifact_prefix="artifacts/$t/" "${args[@]}" "corpus/$t" "seeds/$t" \
+      >"$log" 2>&1; then
     grep -E '^(Done|stat::number_of_executed_units|stat::peak_rss_mb)' "$log" || true
     echo "    corpus: $(find "corpus/$t" -type f | wc -l) new + $(find "seeds/$t" -type f | wc -l) seeds, crashes: 0"
   else

@@ -168,6 +168,7 @@ CONFIGS = [
                 {"model": ["b", "c"], "tokenizer": {"cluster": "b", "backend": "sglang"}, "window_tokens": 2048,
                  "min_output_tokens": 64, "fallback_margin_tokens": 32, "on_insufficient": "reject"}]},
     {"tokenizer": {"cluster": "v"}, "context_length": 32768, "routes": [{"model": "a"}, {"model": ["b", "a"]}]},
+    {"tokenizer": {"cluster": "v"}, "context_length": 16384, "routes": [{"model": ["c", "c"]}]},
 ]
 
 

@@ -356,6 +356,9 @@ impl<'de> Deserialize<'de> for Models {
             fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Models, A::Error> {
                 let mut out = Vec::new();
                 while let Some(Text(name)) = seq.next_element()? {
+                    if out.contains(&name) {
+                        return Err(de::Error::custom(format!("{name:?} is named twice")));
+                    }
                     out.push(name);
                 }
                 if out.is_empty() {
@@ -1127,6 +1130,12 @@ mod tests {
         assert_eq!(route(r#"{"model":["b","a"]}"#), "routes[1].model");
         assert_eq!(route(r#"{}"#), "routes[1].model");
         assert_eq!(route(r#"{"model":[]}"#), "routes[1].model");
+        // A model named twice in one route's list (or the top level's) is refused too.
+        assert_eq!(route(r#"{"model":["b","b"]}"#), "routes[1].model");
+        assert_eq!(
+            field_of(r#"{"tokenizer":{"cluster":"v"},"model":["a","b","a"]}"#),
+            "model"
+        );
         assert_eq!(
             route(r#"{"model":"b","tokenizer":{}}"#),
             "routes[1].tokenizer.cluster"

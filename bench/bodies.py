@@ -11,6 +11,10 @@ For each SIZE it writes:
                    fixed id in cache-hit mode (so both modes send the same bytes but one).
   input-SIZE.json  the same content under "input" instead of "messages" (no `messages`, no
                    `prompt`): a request the filter scans and leaves unchanged (shape).
+  messages-SIZE.json  an Anthropic Messages request, streamed: system prompt, user and
+                   assistant turns of text, max_tokens 100000 (more than the window leaves, so
+                   the filter writes the cap and watches the answer's stop reason). The marker
+                   as in chat-SIZE.json.
 Bodies are deterministic (fixed seed), pure ASCII apart from a few escaped characters, and
 exactly SIZE bytes long.
 """
@@ -131,6 +135,32 @@ def build(size: int, key: str):
     return text
 
 
+def build_messages(size: int):
+    """An Anthropic Messages request of exactly `size` bytes, or None if size is too small."""
+    rng = random.Random(size + 1)
+
+    def body(turns, fill):
+        msgs = [{"role": "user", "content": f"Session {MARKER}: fix the failing build."}]
+        msgs += turns + [{"role": "user", "content": fill}]
+        return dump({"model": "qwen3-coder", "max_tokens": 100000, "system": SYSTEM,
+                     "messages": msgs, "stream": True})
+
+    turns = []
+    while True:
+        nxt = turns + [{"role": "assistant", "content": prose(rng, 60)},
+                       {"role": "user", "content": prose(rng, 120)}]
+        if len(body(nxt, "").encode()) > size:
+            break
+        turns = nxt
+    base = len(body(turns, "").encode())
+    if base > size:
+        return None
+    fill = prose(rng, (size - base) // 4 + 8)[: size - base]
+    text = body(turns, fill)
+    assert len(text.encode()) == size, (size, len(text.encode()))
+    return text
+
+
 def main():
     outdir, sizes = sys.argv[1], [int(s) for s in sys.argv[2:]]
     for size in sizes:
@@ -142,6 +172,13 @@ def main():
             json.loads(text)
             with open(f"{outdir}/{name}-{size}.json", "w", encoding="utf-8") as f:
                 f.write(text)
+        text = build_messages(size)
+        if text is None:
+            sys.exit(f"size {size} is too small for a Messages body")
+        assert text.count(MARKER) == 1
+        json.loads(text)
+        with open(f"{outdir}/messages-{size}.json", "w", encoding="utf-8") as f:
+            f.write(text)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,11 @@
     render.py OUTDIR WASM UPSTREAM_PORT FILTER_PORT NOFILTER_PORT ADMIN_BASE [EXTRA_PLUGIN_JSON]
 
   upstream.yaml  the fast upstream: POST /tokenize -> {"count":1000,"max_model_len":32768},
-                 anything else -> a small chat completion JSON (direct responses; a buffer
+                 /v1/messages/count_tokens -> {"input_tokens":1000}, /v1/messages -> a
+                 streamed Anthropic answer (text/event-stream, 40 text deltas, stopped at the
+                 cap the filter writes, 31768: the answer the filter watches and whose stop
+                 reason it reports as the window's), anything else -> a small chat completion
+                 JSON (direct responses; a buffer
                  filter first, so the whole request body is read before answering and the
                  HTTP/1.1 connection stays reusable). Admin on ADMIN_BASE.
   filter.yaml    envoy/envoy.yaml as shipped, with only the run-specific changes: loopback
@@ -28,6 +32,31 @@ CHAT_REPLY = ('{"id":"chatcmpl-bench","object":"chat.completion","model":"qwen3-
               '"choices":[{"index":0,"message":{"role":"assistant","content":"ok"},'
               '"finish_reason":"stop"}],"usage":{"prompt_tokens":1000,"completion_tokens":1,'
               '"total_tokens":1001}}')
+COUNT_REPLY = '{"input_tokens":1000}'
+# The cap the filter writes on a Messages request of 1000 tokens in a 32768 window (exact
+# count: no margin), so the answer used all of it.
+WATCHED_CAP = 32768 - 1000
+
+
+def sse(event, data):
+    return f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
+
+
+STREAM_REPLY = "".join(
+    [sse("message_start", {"type": "message_start", "message": {
+        "id": "msg_bench", "type": "message", "role": "assistant", "model": "qwen3-coder",
+        "content": [], "stop_reason": None, "stop_sequence": None,
+        "usage": {"input_tokens": 1000, "output_tokens": 1}}}),
+     sse("content_block_start", {"type": "content_block_start", "index": 0,
+                                 "content_block": {"type": "text", "text": ""}})]
+    + [sse("content_block_delta", {"type": "content_block_delta", "index": 0,
+                                   "delta": {"type": "text_delta", "text": f"word{i} "}})
+       for i in range(40)]
+    + [sse("content_block_stop", {"type": "content_block_stop", "index": 0}),
+       sse("message_delta", {"type": "message_delta",
+                             "delta": {"stop_reason": "max_tokens", "stop_sequence": None},
+                             "usage": {"output_tokens": WATCHED_CAP}}),
+       sse("message_stop", {"type": "message_stop"})])
 LIMIT = 16 * 1024 * 1024
 
 
@@ -62,10 +91,11 @@ def proxy(shipped, wasm, port, admin, upstream_port, extra, with_filter):
 
 
 def upstream(port, admin):
-    def direct(body):
-        return {"status": 200, "body": {"inline_string": body}}
+    def direct(body, content_type="application/json"):
+        return {"direct_response": {"status": 200, "body": {"inline_string": body}},
+                "response_headers_to_add": [
+                    {"header": {"key": "content-type", "value": content_type}}]}
 
-    json_header = [{"header": {"key": "content-type", "value": "application/json"}}]
     return {
         "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": admin}}},
         "static_resources": {"listeners": [{
@@ -78,12 +108,15 @@ def upstream(port, admin):
                     "@type": "type.googleapis.com/envoy.extensions.filters.network."
                              "http_connection_manager.v3.HttpConnectionManager",
                     "stat_prefix": "upstream",
-                    "route_config": {"virtual_hosts": [{
+                    "route_config": {"max_direct_response_body_size_bytes": 65536,
+                                     "virtual_hosts": [{
                         "name": "all", "domains": ["*"],
-                        "response_headers_to_add": json_header,
                         "routes": [
-                            {"match": {"path": "/tokenize"}, "direct_response": direct(TOKENIZE_REPLY)},
-                            {"match": {"prefix": "/"}, "direct_response": direct(CHAT_REPLY)},
+                            {"match": {"path": "/tokenize"}, **direct(TOKENIZE_REPLY)},
+                            {"match": {"path": "/v1/messages/count_tokens"}, **direct(COUNT_REPLY)},
+                            {"match": {"path": "/v1/messages"},
+                             **direct(STREAM_REPLY, "text/event-stream")},
+                            {"match": {"prefix": "/"}, **direct(CHAT_REPLY)},
                         ]}]},
                     "http_filters": [
                         {"name": "envoy.filters.http.buffer", "typed_config": {

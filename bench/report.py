@@ -37,6 +37,7 @@ CHECKS = {  # mode -> (counter that must account for every request, label)
     "miss": ("incontext_tokenizer_calls", "tokenized"),
     "pass": ("incontext_unchanged_shape", "unchanged:shape"),
     "get": ("incontext_unchanged_method", "unchanged:method"),
+    "stream": ("incontext_window_stop", "window stop"),
 }
 
 
@@ -47,7 +48,7 @@ def check(mode, before, after):
         return "no requests counted"
     name, label = CHECKS[mode]
     parts = [f"{label} {100 * d.get(name, 0) / n:.1f}%"]
-    if mode in ("hit", "miss"):
+    if mode in ("hit", "miss", "stream"):
         parts.append(f"rewritten {100 * d.get('incontext_rewritten', 0) / n:.1f}%")
     failures = sum(v for k, v in d.items() if "tokenizer_failures" in k)
     if failures:
@@ -141,7 +142,10 @@ def main():
         md.append("## Throughput and latency\n")
         md.append("Modes: **hit** the same chat body again (cache hit, rewrite); **miss** a unique "
                   "prompt per request (payload built, `/tokenize` called, rewrite); **pass** the same "
-                  "content under `input` (scanned, unchanged:shape); **get** GET without body "
+                  "content under `input` (scanned, unchanged:shape); **stream** the same Anthropic "
+                  "Messages body again (cache hit, rewrite) answered by a streamed answer (40 "
+                  "SSE deltas) that used the whole cap: watched event by event, stop reason "
+                  "reported as the window's; **get** GET without body "
                   "(unchanged:method). rps = requests / time over all rounds; ratio = median over "
                   "rounds of filter rps / no-filter rps in the same round (range in brackets); "
                   "latency in ms = median over rounds of each round's p50 / p99; added p50 = "

@@ -27,11 +27,14 @@
 #   miss  a unique id in the first user message per request: the filter misses, builds the
 #         /tokenize payload, calls the upstream's /tokenize, stores, splices
 #   pass  the same content under "input" (no messages/prompt): scanned, left unchanged (shape)
+#   stream  the same Anthropic Messages body every time (cache hit, max_tokens rewritten), and
+#         a streamed answer (SSE, 40 deltas) that used the whole cap: the filter watches it
+#         event by event and reports the window's stop reason (docs/spec.md §13)
 #   get   GET without a body: left unchanged at the headers (method)
 #
 # Environment (defaults in brackets):
 #   BENCH_DURATION [10s, whole seconds]  BENCH_ROUNDS [5]  BENCH_WARMUP [1s]  BENCH_CONNECTIONS [16]  BENCH_THREADS [2]
-#   BENCH_SIZES ["2048 32768 409600 1572864"]  BENCH_MODES ["hit miss pass get"]
+#   BENCH_SIZES ["2048 32768 409600 1572864"]  BENCH_MODES ["hit miss pass stream get"]
 #   BENCH_LATENCY_MODES ["hit get"] at BENCH_LATENCY_CONNECTIONS [1]: a second, unloaded pass
 #     (1 connection: no queueing, so added p50 is the filter's own per-request latency;
 #     at 16 connections the proxies are saturated and p50 is mostly queueing, ~16/rps)
@@ -60,7 +63,7 @@ WARMUP="${BENCH_WARMUP:-1s}"
 CONNS="${BENCH_CONNECTIONS:-16}"
 THREADS="${BENCH_THREADS:-2}"
 SIZES="${BENCH_SIZES:-2048 32768 409600 1572864}"
-MODES="${BENCH_MODES-hit miss pass get}"          # empty: no 16-connection pass
+MODES="${BENCH_MODES-hit miss pass stream get}"          # empty: no 16-connection pass
 LAT_CONNS="${BENCH_LATENCY_CONNECTIONS:-1}"      # a second pass, unloaded: per-request latency
 LAT_MODES="${BENCH_LATENCY_MODES-hit get}"       # empty: no latency pass
 [ -n "$LAT_MODES" ] || LAT_CONNS=""
@@ -131,7 +134,7 @@ start_envoy() { # name concurrency cpus admin_port
   local pid=$!
   PIDS+=("$pid"); PID_OF[$name]=$pid
   for _ in $(seq 1 300); do
-    kill -0 "$pid" 2>/dev/null || { tail -20 "$WORK/$name.log" "$WORK/$name.out" >&2; die "$name envoy exited"; }
+    kill -0 "$pid" 2>/dev/null || { tail -n 20 "$WORK/$name.log" "$WORK/$name.out" >&2; die "$name envoy exited"; }
     if curl -sf "http://127.0.0.1:$admin/ready" 2>/dev/null | grep -q LIVE; then return 0; fi
     sleep 0.1
   done
@@ -161,6 +164,7 @@ wrk_run() {
     hit) body="$WORK/chat-$size.json" ;;
     miss) body="$WORK/chat-$size.json"; unique=1 ;;
     pass) body="$WORK/input-$size.json" ;;
+    stream) body="$WORK/messages-$size.json"; path=/v1/messages ;;
     get) method=GET; path=/v1/models ;;
   esac
   BENCH_BODY="$body" BENCH_METHOD=$method BENCH_UNIQUE=$unique BENCH_NONCE="$nonce" BENCH_PATH=$path \

@@ -31,7 +31,7 @@ _T = {}
 SCALE_OUT = ("--enable-scale-out",)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def vllm(tmp_path_factory):
     state = os.environ.get("INCONTEXT_VLLM_TEST_STATE")
     port = os.environ.get("INCONTEXT_VLLM_TEST_PORT")
@@ -49,7 +49,7 @@ def vllm(tmp_path_factory):
         server.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def stack(vllm, tmp_path_factory):
     if not WASM.is_file() and not no_filter():
         pytest.fail(f"{WASM} is missing: run scripts/setup.sh", pytrace=False)
@@ -69,7 +69,7 @@ def reject_envoy(stack) -> Envoy:
     return stack.envoy("reject", on_insufficient="reject")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def faults():
     """A scripted Anthropic counter (POST /v1/messages/count_tokens) for fault injection."""
     up = Upstream(tokenizer_path="/v1/messages/count_tokens").start()

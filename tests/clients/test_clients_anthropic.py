@@ -70,7 +70,13 @@ def test_messages_served_inside_the_window(vllm, envoy, case):
     assert_rewritten_exact(raw.headers, p, case)
     assert input_tokens(msg.usage) == p
     assert input_tokens(msg.usage) + msg.usage.output_tokens <= C, msg.usage
-    assert msg.stop_reason in ("end_turn", "max_tokens", "tool_use"), msg.stop_reason
+    written = int_header(raw.headers, "x-incontext-max-tokens")
+    assert written is not None and written < max_tokens, raw.headers
+    if msg.usage.output_tokens == written:
+        # The window, not the caller's cap, ended the answer (docs/spec.md §13).
+        assert msg.stop_reason == "model_context_window_exceeded", (msg.stop_reason, msg.usage)
+    else:
+        assert msg.stop_reason in ("end_turn", "tool_use"), (msg.stop_reason, msg.usage)
 
 
 def test_streaming_final_usage(vllm, envoy):
@@ -99,8 +105,10 @@ def test_streaming_final_usage(vllm, envoy):
 def test_thinking_budget_with_no_valid_value_in_this_window(vllm, envoy):
     """vLLM requires budget_tokens >= 1024 (Anthropic's minimum) and < max_tokens, and refuses
     max_tokens above the 512-token window: no thinking request is valid here. The filter must
-    not make it worse: it passes the request unchanged (with a reason), and vLLM answers it
-    exactly as it answers the request sent directly."""
+    not make it worse: it passes the request unchanged (with a reason); vLLM refuses it as it
+    refuses the request sent directly, and the client gets that refusal as Anthropic's
+    "prompt + cap too long" error, the one Claude Code retries with a smaller cap on
+    (docs/spec.md §13)."""
     request, p = fit_anthropic(vllm, 300, plain("thinking-512"))
     body = {"model": MODEL, "max_tokens": 32000,
             "thinking": {"type": "enabled", "budget_tokens": 2048}, **request}
@@ -108,8 +116,15 @@ def test_thinking_budget_with_no_valid_value_in_this_window(vllm, envoy):
     via = httpx.post(envoy.url + "/v1/messages", json=body, timeout=60)
     assert direct.status_code == 400, direct.text[:300]
     h = incontext(via.headers)
-    assert (h.get("x-incontext-action") or "").startswith("unchanged:"), h
-    assert via.status_code == direct.status_code and via.json() == direct.json(), via.text[:300]
+    assert h.get("x-incontext-action") == "unchanged:thinking_budget", h
+    assert via.status_code == 400, via.text[:300]
+    assert via.json() == {"type": "error", "error": {
+        "type": "invalid_request_error",
+        "message": f"input length and `max_tokens` exceed context limit: {p} + 32000 > {C}, "
+                   "decrease input length or `max_tokens` and try again"}}, via.text[:300]
+    with pytest.raises(anthropic.BadRequestError) as e:
+        sdk(envoy.url).messages.create(**body)
+    assert "exceed context limit" in str(e.value), str(e.value)
 
 
 def test_reject_mode_prompt_is_too_long(vllm, reject_envoy):

@@ -6,8 +6,9 @@ A string or huge max_tokens is a caller cap the filter reads as docs/spec.md §3
 refuses or clamps when sent directly. Anthropic requires max_tokens: without a valid one
 (missing, 0) there is nothing to budget, and the request reaches vLLM unchanged (`no_cap`) for
 vLLM's own 400. Bodies the filter does not budget (messages not an array) or cannot count
-(content blocks of unknown types, a 5 MB prompt far beyond the window) also reach vLLM unchanged
-and get vLLM's own answer.
+(content blocks of unknown types) also reach vLLM unchanged and get vLLM's own answer. A 5 MB
+prompt far beyond the window reaches vLLM unchanged too (`too_long`), and vLLM's refusal comes
+back as Anthropic's "prompt is too long" (docs/spec.md §13).
 """
 
 import json
@@ -110,5 +111,13 @@ def test_5_mb_body_reaches_vllm(vllm, envoy):
     via = post(envoy.url, None, raw)
     assert direct.status_code == 400
     h = incontext(via.headers)
-    assert h.get("x-incontext-action") == "unchanged:insufficient", h
-    assert via.status_code == 400 and via.json() == direct.json(), via.text[:300]
+    # /tokenize counts it fully: known exactly to be longer than the window. Passthrough mode
+    # sends it on; vLLM refuses it, and the client gets Anthropic's "prompt is too long".
+    assert h.get("x-incontext-action") == "unchanged:too_long", h
+    assert h.get("x-incontext-source") == "exact", h
+    p = int_header(via.headers, "x-incontext-prompt-tokens")
+    assert p is not None and p > C, h
+    assert via.status_code == 400, via.text[:300]
+    assert via.json() == {"type": "error", "error": {
+        "type": "invalid_request_error",
+        "message": f"prompt is too long: {p} tokens > {C} maximum"}}, via.text[:300]

@@ -22,7 +22,7 @@ HERE = Path(__file__).resolve().parent
 _TIMINGS = {}
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def llama(tmp_path_factory):
     server = LlamaServer(tmp_path_factory.mktemp("llamacpp-state"))
     start_or_fail(server, "llama-server")
@@ -33,7 +33,7 @@ def llama(tmp_path_factory):
     _TIMINGS["suite_end"] = time.monotonic()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def proxy(llama, tmp_path_factory):
     if not WASM.is_file() and not no_filter():
         pytest.fail(f"{WASM} is missing: run scripts/setup.sh", pytrace=False)

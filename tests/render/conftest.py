@@ -16,7 +16,7 @@ WINDOW = 1024
 R, F = 64, 32
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def gen(tmp_path_factory):
     server = NamedVllm(tmp_path_factory.mktemp("render-gen"), MODEL, WINDOW)
     start_or_fail(server, "vLLM (generation)")
@@ -24,7 +24,7 @@ def gen(tmp_path_factory):
     server.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def render(tmp_path_factory):
     server = RenderServer(tmp_path_factory.mktemp("render-server"), MODEL, WINDOW)
     start_or_fail(server, "vLLM render server")
@@ -66,7 +66,7 @@ class Envoys:
             env.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def envoys(gen, render, tmp_path_factory):
     e = Envoys(gen, render, tmp_path_factory.mktemp("render-envoy"))
     yield e

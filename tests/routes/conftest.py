@@ -17,7 +17,7 @@ R, F = 64, 32
 MODELS = {"tiny-a": 512, "tiny-b": 1024}
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def servers(tmp_path_factory):
     started = {name: NamedVllm(tmp_path_factory.mktemp(f"routes-{name}"), name, window)
                for name, window in MODELS.items()}

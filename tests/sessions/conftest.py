@@ -38,7 +38,7 @@ REPORTS = []        # session reports, printed after the run
 _T = {}
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def vllm(tmp_path_factory):
     state = os.environ.get("INCONTEXT_VLLM_TEST_STATE")
     port = os.environ.get("INCONTEXT_VLLM_TEST_PORT")
@@ -55,7 +55,7 @@ def vllm(tmp_path_factory):
         server.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def stack(vllm, tmp_path_factory):
     if not WASM.is_file() and not no_filter():
         pytest.fail(f"{WASM} is missing: run scripts/setup.sh", pytrace=False)

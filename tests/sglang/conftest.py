@@ -50,7 +50,7 @@ class Envoys:
             env.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def sglang(tmp_path_factory):
     server = Sglang(tmp_path_factory.mktemp("sglang-state"))
     start_or_fail(server, "SGLang")
@@ -61,14 +61,14 @@ def sglang(tmp_path_factory):
     _TIMINGS["suite_end"] = time.monotonic()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def stub(tmp_path_factory):
     server = FakeSglang(tmp_path_factory.mktemp("fake-sglang"))
     yield start_or_fail(server, "fake_sglang.py")
     server.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def envoys(tmp_path_factory):
     e = Envoys(tmp_path_factory.mktemp("sglang-envoy"))
     yield e

@@ -204,7 +204,7 @@ def main():
         for c in lat_conns:
             target(f"cache hit, 2 KB, {c} conn: added p50", ("hit", 2048, c), added, 0.1, msf, lambda v, l: v <= l)
         kb = meta["wasm_size"] / 1024
-        targets.append(f"| .wasm size | 300 KB | {kb:.0f} KB | {'met' if kb <= 300 else 'NOT met'} |")
+        targets.append(f"| .wasm size | 320 KB | {kb:.0f} KB | {'met' if kb <= 320 else 'NOT met'} |")
         md.append("### Targets (cache-hit path)\n")
         md.append("| target | wanted | reached | |\n|---|--:|--:|---|")
         md.extend(targets)

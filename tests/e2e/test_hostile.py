@@ -557,16 +557,19 @@ def _wait_tokenizer_calls(upstream, n, timeout=10.0):
 
 
 def _wait_late_answers(env, gate, completed_before, n, timeout=10.0):
-    """How many of ``n`` held tokenizer answers Envoy has received, once all of them have been
-    written (the tokenizer cluster's completed requests; the filter's callback runs in the same
-    event as the reply's end)."""
+    """How many of ``n`` held tokenizer answers Envoy has received and the filter has taken,
+    once all of them have been written: the tokenizer cluster's completed requests, then no
+    orphan left (the gauge falls as each worker's filter stores an answer, which can come a
+    little after the cluster counted the reply)."""
     if gate.wait_answered(n, timeout) < n:
         return gate.answered
     deadline = time.monotonic() + timeout
     while True:
         got = env.cluster_stat("vllm", "upstream_rq_completed") - completed_before
-        if got >= n or time.monotonic() > deadline:
+        if got >= n and env.gauges().get("incontext_orphans") == 0:
             return got
+        if time.monotonic() > deadline:
+            return got if got < n else -1
         time.sleep(0.02)
 
 

@@ -158,8 +158,11 @@ impl Filter {
         if let Some(stream) = self.calls.remove(&token) {
             if proxy.set_effective_context(stream).is_ok() {
                 self.on_stream(stream, |s| s.on_call_response(proxy, token, &reply));
+                return;
             }
-            return;
+            // The host no longer knows the stream (it went before its deletion reached the
+            // filter): it is gone, and the answer is its orphan's.
+            self.drop_stream(proxy, stream);
         }
         if let Some(gone) = self.orphans.remove(&token) {
             let mut view = HostView {
@@ -181,6 +184,11 @@ impl Filter {
             self.record_holdings(proxy);
             return;
         }
+        self.drop_stream(proxy, id);
+    }
+
+    /// Forgets stream `id`; a call it still has out becomes an orphan.
+    fn drop_stream(&mut self, proxy: &mut dyn Proxy, id: u32) {
         let Some(stream) = self.streams.remove(&id) else {
             return;
         };

@@ -435,6 +435,37 @@ fn a_gone_stream_with_a_big_body_leaves_a_small_orphan() {
 }
 
 #[test]
+fn an_answer_for_a_stream_the_host_no_longer_knows_is_stored_as_an_orphans() {
+    let mut vm = Vm::new();
+    let root = vm.root();
+    let (stream, step) = vm.send(root, CHAT);
+    assert_eq!(step, PAUSE);
+    let token = vm.last_token();
+    // The stream went in the host before its deletion reached the filter.
+    vm.host.refuse_context.push(stream);
+    vm.answer(root, token, 200, &count(96));
+    assert_eq!(
+        vm.filter.held(),
+        (0, 0, 0),
+        "the stream and its call are forgotten"
+    );
+    assert!(vm
+        .host
+        .events
+        .iter()
+        .all(|e| !matches!(e, Event::Resume { .. })));
+    // Its deletion arrives later and changes nothing.
+    vm.delete(stream);
+    assert_eq!(vm.filter.held(), (0, 0, 0));
+    // The answer was stored: the same prompt again is a cache hit, no call.
+    let (again, step) = vm.send(root, CHAT);
+    assert_eq!(step, CONTINUE);
+    assert_eq!(vm.host.calls().len(), 1);
+    assert_eq!(vm.body_of(again)["max_tokens"], 4096 - 96);
+    assert_eq!(vm.host.metric("incontext_cache_hits"), 1);
+}
+
+#[test]
 fn a_failed_late_answer_is_counted_not_stored() {
     let mut vm = Vm::new();
     let root = vm.root();

@@ -6,7 +6,7 @@ use crate::config::TokenizerConfig;
 use crate::dialect::payload;
 use crate::dialect::Form;
 use crate::request::Request;
-use crate::response::window::{matches, Piece::*, WindowError};
+use crate::response::window::{first_match, Piece::*, WindowError, Wording};
 use crate::tokenize::Failure;
 
 /// The count call for an OpenAI dialect.
@@ -75,10 +75,9 @@ fn sglang_chat(req: &Request, body: &[u8]) -> Option<Vec<u8>> {
 // Window errors (docs/spec.md §13): SGLang's `TokenizerManager` and chat serving, the message
 // of its `{"object":"error",…}` body.
 
-/// The window error in an SGLang error message.
-pub(super) fn window_error(message: &str) -> Option<WindowError> {
-    if let Some(c) = matches(
-        message,
+/// SGLang's wordings, in the order they are tried.
+const WORDINGS: &[Wording] = &[
+    (
         &[
             Text("The input ("),
             Num,
@@ -86,17 +85,15 @@ pub(super) fn window_error(message: &str) -> Option<WindowError> {
             Num,
             Text(" tokens)."),
         ],
-    ) {
-        return Some(WindowError {
+        |c| WindowError {
             context: Some(c[1].value),
             prompt: Some(c[0].value),
             prompt_exact: true,
             prompt_exceeds: true,
             ..WindowError::default()
-        });
-    }
-    if let Some(c) = matches(
-        message,
+        },
+    ),
+    (
         &[
             Text("Requested token count exceeds the model's maximum context length of "),
             Num,
@@ -108,17 +105,15 @@ pub(super) fn window_error(message: &str) -> Option<WindowError> {
             Num,
             Text(" tokens for the completion."),
         ],
-    ) {
-        return Some(WindowError {
+        |c| WindowError {
             context: Some(c[0].value),
             prompt: Some(c[2].value),
             prompt_exact: true,
             cap: Some(c[3].value),
             ..WindowError::default()
-        });
-    }
-    if let Some(c) = matches(
-        message,
+        },
+    ),
+    (
         &[
             Text("max_completion_tokens is too large: "),
             Num,
@@ -126,14 +121,17 @@ pub(super) fn window_error(message: &str) -> Option<WindowError> {
             Num,
             Text(" completion tokens."),
         ],
-    ) {
-        return Some(WindowError {
+        |c| WindowError {
             context: Some(c[1].value),
             cap: Some(c[0].value),
             ..WindowError::default()
-        });
-    }
-    None
+        },
+    ),
+];
+
+/// The window error in an SGLang error message.
+pub(super) fn window_error(message: &str) -> Option<WindowError> {
+    first_match(message, WORDINGS)
 }
 
 #[cfg(test)]

@@ -7,7 +7,7 @@ use super::{get, post, Call, CallKind, Counted, MODELS_PATH};
 use crate::config::{Config, TokenizerConfig};
 use crate::dialect::{payload, responses, Form};
 use crate::request::Request;
-use crate::response::window::{matches, Capture, Piece::*, WindowError};
+use crate::response::window::{first_match, Capture, Piece::*, WindowError, Wording};
 use crate::tokenize::{check_context, Failure};
 
 /// vLLM's renderer of a Responses request: the prompt's `token_ids`.
@@ -58,11 +58,10 @@ fn prompt(c: Capture) -> (Option<u64>, bool) {
     (Some(c.value), !c.at_least)
 }
 
-/// The window error in a vLLM error message.
-pub(super) fn window_error(message: &str) -> Option<WindowError> {
+/// vLLM's wordings, in the order they are tried.
+const WORDINGS: &[Wording] = &[
     // 0.32: the prompt alone is longer than the window.
-    if let Some(c) = matches(
-        message,
+    (
         &[
             Text(MAX_MODEL_LEN),
             Num,
@@ -70,19 +69,19 @@ pub(super) fn window_error(message: &str) -> Option<WindowError> {
             AtLeast,
             Text(" input tokens, which exceeds this limit even without any output tokens."),
         ],
-    ) {
-        let (prompt, prompt_exact) = prompt(c[1]);
-        return Some(WindowError {
-            context: Some(c[0].value),
-            prompt,
-            prompt_exact,
-            prompt_exceeds: true,
-            ..WindowError::default()
-        });
-    }
+        |c| {
+            let (prompt, prompt_exact) = prompt(c[1]);
+            WindowError {
+                context: Some(c[0].value),
+                prompt,
+                prompt_exact,
+                prompt_exceeds: true,
+                ..WindowError::default()
+            }
+        },
+    ),
     // 0.32: the prompt text has more characters than the window's tokens could cover.
-    if let Some(c) = matches(
-        message,
+    (
         &[
             Text(MAX_MODEL_LEN),
             Num,
@@ -94,18 +93,16 @@ pub(super) fn window_error(message: &str) -> Option<WindowError> {
             Num,
             Text(" input tokens)."),
         ],
-    ) {
-        return Some(WindowError {
+        |c| WindowError {
             context: Some(c[0].value),
             prompt: Some(c[3].value.saturating_add(1)),
             prompt_exact: false,
             prompt_exceeds: true,
             ..WindowError::default()
-        });
-    }
+        },
+    ),
     // 0.31 and 0.32: the cap alone is larger than the window (checked before the prompt).
-    if let Some(c) = matches(
-        message,
+    (
         &[
             OneOf(CAPS),
             Text("="),
@@ -114,16 +111,14 @@ pub(super) fn window_error(message: &str) -> Option<WindowError> {
             Num,
             Text(". Please request fewer output tokens."),
         ],
-    ) {
-        return Some(WindowError {
+        |c| WindowError {
             context: Some(c[2].value),
             cap: Some(c[1].value),
             ..WindowError::default()
-        });
-    }
+        },
+    ),
     // 0.31: the prompt text has more characters than the tokens the window leaves could cover.
-    if let Some(c) = matches(
-        message,
+    (
         &[
             Text(MAX_MODEL_LEN),
             Num,
@@ -137,8 +132,7 @@ pub(super) fn window_error(message: &str) -> Option<WindowError> {
             Num,
             Text(" input tokens)."),
         ],
-    ) {
-        return Some(WindowError {
+        |c| WindowError {
             context: Some(c[0].value),
             prompt: Some(c[4].value.saturating_add(1)),
             prompt_exact: false,
@@ -146,11 +140,10 @@ pub(super) fn window_error(message: &str) -> Option<WindowError> {
             prompt_exceeds: c[1].value == 0,
             cap: Some(c[1].value),
             ..WindowError::default()
-        });
-    }
+        },
+    ),
     // 0.31: prompt + cap exceed the window (a counter asks for 0 output tokens).
-    if let Some(c) = matches(
-        message,
+    (
         &[
             Text(MAX_MODEL_LEN),
             Num,
@@ -162,20 +155,20 @@ pub(super) fn window_error(message: &str) -> Option<WindowError> {
             AtLeast,
             Text(" tokens. Please reduce the length of the input prompt or the number of requested output tokens."),
         ],
-    ) {
-        let (prompt, prompt_exact) = prompt(c[2]);
-        return Some(WindowError {
-            context: Some(c[0].value),
-            prompt,
-            prompt_exact,
-            prompt_exceeds: c[1].value == 0,
-            cap: Some(c[1].value),
-            ..WindowError::default()
-        });
-    }
+        |c| {
+            let (prompt, prompt_exact) = prompt(c[2]);
+            WindowError {
+                context: Some(c[0].value),
+                prompt,
+                prompt_exact,
+                prompt_exceeds: c[1].value == 0,
+                cap: Some(c[1].value),
+                ..WindowError::default()
+            }
+        },
+    ),
     // 0.32: the engine's own check of the prompt.
-    if let Some(c) = matches(
-        message,
+    (
         &[
             Text("Input length ("),
             Num,
@@ -183,18 +176,16 @@ pub(super) fn window_error(message: &str) -> Option<WindowError> {
             Num,
             Text(")."),
         ],
-    ) {
-        return Some(WindowError {
+        |c| WindowError {
             context: Some(c[1].value),
             prompt: Some(c[0].value),
             prompt_exact: true,
             prompt_exceeds: true,
             ..WindowError::default()
-        });
-    }
+        },
+    ),
     // 0.11 chat: prompt + cap exceed the window.
-    if let Some(c) = matches(
-        message,
+    (
         &[
             Text("'max_tokens' or 'max_completion_tokens' is too large: "),
             Num,
@@ -211,19 +202,17 @@ pub(super) fn window_error(message: &str) -> Option<WindowError> {
             Num,
             Text(")."),
         ],
-    ) {
-        return Some(WindowError {
+        |c| WindowError {
             context: Some(c[1].value),
             prompt: Some(c[2].value),
             prompt_exact: true,
             cap: Some(c[0].value),
             ..WindowError::default()
-        });
-    }
+        },
+    ),
     // 0.11: the prompt is at least the limit it was checked against — the window in chat
     // (P >= C), the window less the cap in completions; which one, the message does not say.
-    if let Some(c) = matches(
-        message,
+    (
         &[
             Text(MAX_MODEL_LEN),
             Num,
@@ -231,15 +220,18 @@ pub(super) fn window_error(message: &str) -> Option<WindowError> {
             Num,
             Text(" input tokens. Please reduce the length of the input messages."),
         ],
-    ) {
-        return Some(WindowError {
+        |c| WindowError {
             limit: Some(c[0].value),
             prompt: Some(c[1].value),
             prompt_exact: true,
             ..WindowError::default()
-        });
-    }
-    None
+        },
+    ),
+];
+
+/// The window error in a vLLM error message.
+pub(super) fn window_error(message: &str) -> Option<WindowError> {
+    first_match(message, WORDINGS)
 }
 
 #[cfg(test)]

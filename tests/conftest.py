@@ -52,3 +52,29 @@ def pytest_collection_modifyitems(config, items):
         return (scope == "session", module, scope == "module")
 
     items[:] = sorted(items, key=key)   # stable: the order within each group is kept
+
+
+# Wall time per suite directory (tests/NAME), from the start of its first test (fixture setup
+# included) to the end of its last, printed after the run: what scripts/test.sh balances its
+# lanes by.
+_SUITE_TIME = {}
+
+
+def _suite(nodeid: str) -> str:
+    parts = nodeid.split("/")
+    return "/".join(parts[:2]) if len(parts) > 2 else parts[0]
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    import time
+    t0 = time.monotonic()
+    yield
+    suite = _suite(item.nodeid)
+    _SUITE_TIME[suite] = _SUITE_TIME.get(suite, 0.0) + time.monotonic() - t0
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _SUITE_TIME:
+        terminalreporter.write_line("incontext timing: " + ", ".join(
+            f"{s} {t:.0f} s" for s, t in sorted(_SUITE_TIME.items(), key=lambda x: -x[1])))

@@ -18,7 +18,8 @@ SITE="$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 STAMP="$VENV/.incontext-bytecode"
 exec 7>"$STAMP.lock"
 flock 7
-want="$("$PY" -c 'import sys; print(sys.version)'; ls "$SITE")"
+# (__pycache__ left out: compiling adds it for the top-level modules)
+want="$("$PY" -c 'import sys; print(sys.version)'; ls "$SITE" | grep -vx __pycache__)"
 want="$(printf '%s' "$want" | sha256sum | cut -d' ' -f1)"
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ]; then
   exit 0

@@ -248,15 +248,17 @@ if step build bash scripts/build-wasm.sh; then
     if [ -x "$PY" ]; then
       if [ "$TIER" = all ] && [ "${INCONTEXT_TEST_LANES:-2}" != 1 ]; then
         # Two lanes at once: the suites of INCONTEXT_TEST_LANE_A (the vLLM releases, SGLang,
-        # llama.cpp) in one pytest, every other suite and then tests/e2e on the older Envoy
-        # releases in the other. Each lane mostly waits on its model servers' starts and
-        # answers, so two of them share the two cores with little loss; each prints its lines
-        # prefixed with its name. INCONTEXT_TEST_LANES=1 runs everything in one pytest.
+        # llama.cpp, the agent sessions) in one pytest, every other suite and then tests/e2e
+        # on the older Envoy releases in the other; about equal halves by the suites' wall
+        # times (each run ends with them: "incontext timing: ..."). Each lane waits on its
+        # model servers' starts and answers much of the time, so the two share the two cores;
+        # each prints its lines prefixed with its name. INCONTEXT_TEST_LANES=1 runs everything
+        # in one pytest.
         LANE_A=() LANE_B=()
         for d in tests/*/; do
           d="${d%/}"
           compgen -G "$d/test_*.py" >/dev/null || continue
-          case " ${INCONTEXT_TEST_LANE_A:-vllm sglang llamacpp} " in
+          case " ${INCONTEXT_TEST_LANE_A:-vllm sglang llamacpp sessions} " in
             *" $(basename "$d") "*) LANE_A+=("$d") ;;
             *) LANE_B+=("$d") ;;
           esac

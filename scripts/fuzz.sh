@@ -7,7 +7,7 @@
 #
 # Targets: body_rewrite caps tokenize_reply config. Built with plain cargo and the flags
 # cargo-fuzz would pass (SanitizerCoverage, --cfg fuzzing, debug assertions, one codegen unit),
-# so nothing is installed. Runs at nice 19, one job at a time. New corpus entries go to
+# so nothing is installed. Runs at nice 19, one target per core at a time (FUZZ_JOBS). New corpus entries go to
 # fuzz/corpus/<target>/ (ignored by git; the committed seeds are fuzz/seeds/<target>/). A crash
 # leaves its input in fuzz/artifacts/<target>/ and makes this script exit 1; reproduce it with
 #   fuzz/target/x86_64-unknown-linux-gnu/release/<target> fuzz/artifacts/<target>/crash-...
@@ -52,8 +52,10 @@ RUSTFLAGS="$FLAGS ${RUSTFLAGS:-}" nice -n 19 cargo build --manifest-path Cargo.t
   --target "$TRIPLE" --release --config 'profile.release.debug="line-tables-only"' --bins
 BIN="target/$TRIPLE/release"
 
-status=0
-for t in "${TARGETS[@]}"; do
+# fuzz_one TARGET: one target's run; its report goes to artifacts/TARGET.summary, exit 1 on a
+# crash.
+fuzz_one() {
+  local t="$1" log args
   mkdir -p "corpus/$t" "artifacts/$t"
   args=(-dict="dict/$t.dict" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1)
   [ "$t" = body_rewrite ] && args+=(-max_len=16384)
@@ -65,15 +67,33 @@ for t in "${TARGETS[@]}"; do
   # shellcheck disable=SC2206
   args+=(${FUZZ_ARGS:-})
   log="artifacts/$t.log"
-  echo "==> $t: ${SECONDS_EACH}s (log: fuzz/$log)"
-  if nice -n 19 "$BIN/$t" -artifact_prefix="artifacts/$t/" "${args[@]}" "corpus/$t" "seeds/$t" \
-      >"$log" 2>&1; then
-    grep -E '^(Done|stat::number_of_executed_units|stat::peak_rss_mb)' "$log" || true
-    echo "    corpus: $(find "corpus/$t" -type f | wc -l) new + $(find "seeds/$t" -type f | wc -l) seeds, crashes: 0"
-  else
-    status=1
-    echo "!!! $t failed; last lines of fuzz/$log:" >&2
-    grep -E 'panicked|ERROR|Test unit written|SUMMARY' "$log" >&2 || tail -20 "$log" >&2
-  fi
+  {
+    echo "==> $t: ${SECONDS_EACH}s (log: fuzz/$log)"
+    if nice -n 19 "$BIN/$t" -artifact_prefix="artifacts/$t/" "${args[@]}" "corpus/$t" "seeds/$t" \
+        >"$log" 2>&1; then
+      grep -E '^(Done|stat::number_of_executed_units|stat::peak_rss_mb)' "$log" || true
+      echo "    corpus: $(find "corpus/$t" -type f | wc -l) new + $(find "seeds/$t" -type f | wc -l) seeds, crashes: 0"
+    else
+      echo "!!! $t failed; last lines of fuzz/$log:"
+      grep -E 'panicked|ERROR|Test unit written|SUMMARY' "$log" || tail -20 "$log"
+      return 1
+    fi
+  } >"artifacts/$t.summary" 2>&1
+}
+
+# FUZZ_JOBS targets at a time (default: one per core; libFuzzer runs one thread).
+JOBS="${FUZZ_JOBS:-$(nproc)}"
+case "$JOBS" in ''|*[!0-9]*|0) echo "FUZZ_JOBS must be a positive number, got '$JOBS'" >&2; exit 2 ;; esac
+echo "==> ${#TARGETS[@]} target(s), $JOBS at a time"
+pids=()
+for t in "${TARGETS[@]}"; do
+  while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do wait -n || true; done
+  fuzz_one "$t" &
+  pids+=($!)
+done
+status=0
+for i in "${!TARGETS[@]}"; do
+  wait "${pids[$i]}" || status=1
+  cat "artifacts/${TARGETS[$i]}.summary"
 done
 exit "$status"

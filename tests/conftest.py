@@ -55,8 +55,7 @@ def pytest_collection_modifyitems(config, items):
 
 
 # Wall time per suite directory (tests/NAME), from the start of its first test (fixture setup
-# included) to the end of its last, printed after the run: what scripts/test.sh balances its
-# lanes by.
+# included) to the end of its last, printed after the run: where a run's time goes.
 _SUITE_TIME = {}
 
 

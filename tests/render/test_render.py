@@ -13,6 +13,7 @@ import pytest
 
 from tests.harness.cases import SYSTEM, TOOLS, assistant, user
 from tests.render.conftest import F, MODEL, WINDOW
+from tests.vllm.stack import head_prompt_tokens
 
 CALL = {"id": "call_1", "type": "function",
         "function": {"name": "get_weather", "arguments": json.dumps({"city": "Paris"})}}
@@ -61,14 +62,16 @@ def snapshot(gen):
 @pytest.mark.parametrize("shape", list(CHATS))
 def test_chat_count_equals_generation_usage(counted, gen, render, shape):
     body = {"model": MODEL, "messages": CHATS[shape], "max_tokens": 100000,
-            "temperature": 0, "stream": False}
+            "temperature": 0}
     if shape != "plain":
         body["tools"] = TOOLS
     before, gb = render.http_requests("/v1/chat/completions/render"), snapshot(gen)
-    reply = counted.post(body)
+    # Streamed and closed once the usage arrived: the count is checked, not a generation
+    # (the completion and Responses cases below read whole answers).
+    reply = counted.post_head(body, "/v1/chat/completions")
     assert reply.status == 200 and reply.action == "rewritten", reply.describe()
     assert reply.source == "exact", reply.describe()
-    assert reply.prompt_tokens_header == reply.usage["prompt_tokens"], reply.describe()
+    assert reply.prompt_tokens_header == head_prompt_tokens(reply.events), reply.describe()
     assert reply.max_tokens_header == WINDOW - reply.prompt_tokens_header
     counts_on_render_only(reply, gen, before, gb, render, "/v1/chat/completions/render")
 
@@ -87,11 +90,9 @@ def test_completion_count_equals_generation_usage(counted, gen, render):
 def test_anthropic_count_equals_generation_usage(counted, gen, render, shape):
     body = {"model": MODEL, "max_tokens": 32000, **ANTHROPIC[shape]}
     before, gb = render.http_requests("/v1/messages/render"), snapshot(gen)
-    reply = counted.post(body, "/v1/messages")
+    reply = counted.post_head(body, "/v1/messages")
     assert reply.status == 200 and reply.source == "exact", reply.describe()
-    usage = reply.json()["usage"]
-    assert reply.prompt_tokens_header == usage["input_tokens"] + usage.get(
-        "cache_read_input_tokens", 0), reply.describe()
+    assert reply.prompt_tokens_header == head_prompt_tokens(reply.events), reply.describe()
     assert reply.max_tokens_header == WINDOW - reply.prompt_tokens_header
     counts_on_render_only(reply, gen, before, gb, render, "/v1/messages/render")
 
@@ -120,7 +121,7 @@ def test_generation_server_without_scale_out_is_a_counted_failure(envoys, gen):
     assert direct.status_code == 403, (direct.status_code, direct.text[:200])
     # With the window configured, the estimate budgets the request.
     client = envoys.client("no-scale-out", gen.port, context_length=WINDOW)
-    reply = client.post(body)
+    reply = client.post_head(body, "/v1/chat/completions")
     assert reply.status == 200 and reply.action == "rewritten", reply.describe()
     assert reply.source == "estimate", reply.describe()
     assert reply.delta.get("incontext_tokenizer_failures_status") == 1, reply.delta
@@ -128,7 +129,7 @@ def test_generation_server_without_scale_out_is_a_counted_failure(envoys, gen):
     # Without it, the window comes from that server's own /v1/models entry; the count's 403
     # still leaves the estimate.
     learned = envoys.client("no-scale-out-learned", gen.port)
-    reply = learned.post(body)
+    reply = learned.post_head(body, "/v1/chat/completions")
     assert reply.status == 200 and reply.action == "rewritten", reply.describe()
     assert reply.source == "estimate", reply.describe()
     assert reply.delta.get("incontext_tokenizer_failures_status") == 1, reply.delta

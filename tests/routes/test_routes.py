@@ -6,11 +6,14 @@ names passes unchanged (`model`)."""
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import pytest
 
 from tests.harness.cases import SYSTEM, TOOLS, user
 from tests.routes.conftest import MODELS
+from tests.vllm.stack import head_body, head_prompt_tokens, stream_head
 
 ORDERS = {
     # Anthropic first: the window comes from each server's /v1/models.
@@ -40,11 +43,16 @@ def post(env, path: str, payload: dict) -> tuple:
     return r, {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
 
 
-def prompt_usage(path: str, answer: dict) -> int:
-    u = answer["usage"]
-    if path == "/v1/messages":
-        return u["input_tokens"] + u.get("cache_read_input_tokens", 0)
-    return u["prompt_tokens"]
+def post_head(env, path: str, payload: dict) -> tuple:
+    """``payload`` streamed and closed once the server reported its prompt count
+    (tests/vllm/stack.py ``stream_head``): (the response, that count, the counter deltas)."""
+    before = env.counters()
+    raw = json.dumps(head_body(payload, path)).encode()
+    with httpx.Client(base_url=env.url, timeout=180) as http:
+        r, events = stream_head(http, path, raw, {"x-model": payload["model"]})
+    after = env.counters()
+    delta = {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
+    return r, head_prompt_tokens(events), delta
 
 
 @pytest.mark.parametrize("order", list(ORDERS))
@@ -54,13 +62,13 @@ def test_each_model_counted_on_its_own_server(envoy_for, order):
         other = next(m for m in MODELS if m != model)
         calls = {m: env.cluster_stat(f"tok-{m}", "upstream_rq_total") for m in MODELS}
         path, payload = body(model, dialect)
-        r, delta = post(env, path, payload)
-        what = f"{model} {dialect}: HTTP {r.status_code} {dict(r.headers)} {delta} {r.text[:200]}"
+        r, reported, delta = post_head(env, path, payload)
+        what = f"{model} {dialect}: HTTP {r.status_code} {dict(r.headers)} {delta}"
         assert r.status_code == 200, what
         assert r.headers.get("x-incontext-action") == "rewritten", what
         assert r.headers.get("x-incontext-source") == "exact", what
         prompt = int(r.headers["x-incontext-prompt-tokens"])
-        assert prompt == prompt_usage(path, r.json()), what
+        assert prompt == reported, what
         # The model's own window, never the other server's.
         assert int(r.headers["x-incontext-max-tokens"]) == MODELS[model] - prompt, what
         after = {m: env.cluster_stat(f"tok-{m}", "upstream_rq_total") for m in MODELS}

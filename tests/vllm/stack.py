@@ -230,6 +230,7 @@ class Reply:
         self.delta = delta
         self.sent = sent
         self.raw = raw          # the bytes sent to Envoy
+        self.events: List[dict] = []   # the SSE events read (Client.post_head)
         self._json = None
 
     @property
@@ -270,8 +271,11 @@ class Reply:
 
     def describe(self) -> str:
         hs = {k: v for k, v in self.resp.headers.items() if k.startswith("x-incontext")}
-        return (f"HTTP {self.status} {hs} counters={self.delta} "
-                f"body={self.resp.text[:300]!r}")
+        try:
+            text = self.resp.text
+        except httpx.ResponseNotRead:   # a stream closed after its head (Client.post_head)
+            text = "".join(json.dumps(e) for e in self.events)
+        return f"HTTP {self.status} {hs} counters={self.delta} body={text[:300]!r}"
 
 
 def stream_usage(text: str) -> dict:
@@ -308,6 +312,58 @@ class Client:
         after = self.envoy.counters()
         delta = {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
         return Reply(resp, delta, body, raw)
+
+
+    def post_head(self, body: dict, path="/v1/messages") -> Reply:
+        """``body`` sent by ``stream_head``: ``Reply.events`` up to the first that carries the
+        server's prompt count."""
+        sent = head_body(body, path)
+        raw = json.dumps(sent, ensure_ascii=False).encode("utf-8")
+        before = self.envoy.counters()
+        resp, events = stream_head(self.http, path, raw)
+        after = self.envoy.counters()
+        delta = {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
+        reply = Reply(resp, delta, sent, raw)
+        reply.events = events
+        return reply
+
+
+def head_body(body: dict, path: str) -> dict:
+    """``body`` streamed, and for the OpenAI dialects with the usage on every chunk."""
+    sent = dict(body, stream=True)
+    if path != "/v1/messages":
+        sent["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
+    return sent
+
+
+def head_prompt_tokens(events: List[dict]) -> Optional[int]:
+    """The prompt count the server reported in a stream's first events (``stream_head``)."""
+    for e in events:
+        if e.get("type") == "message_start":
+            u = e["message"]["usage"]
+            return u["input_tokens"] + u.get("cache_read_input_tokens", 0)
+        if (e.get("usage") or {}).get("prompt_tokens") is not None:
+            return e["usage"]["prompt_tokens"]
+    return None
+
+
+def stream_head(http: httpx.Client, path: str, raw: bytes, headers=None):
+    """POSTs a streamed request (``head_body``) and closes the stream once an event carries the
+    server's prompt count (Anthropic's `message_start`, an OpenAI chunk's `usage`): the server
+    aborts the rest, so a test that checks the count, the cap and the headers does not wait for
+    a whole random-weight generation. Returns (the response, unread, and the events read)."""
+    events: List[dict] = []
+    with http.stream("POST", path, content=raw, headers={
+            "content-type": "application/json", **(headers or {})}) as resp:
+        if resp.status_code == 200:
+            for line in resp.iter_lines():
+                if line.startswith("data: ") and line[6:].strip() != "[DONE]":
+                    events.append(json.loads(line[6:]))
+                    if head_prompt_tokens(events) is not None:
+                        break
+        else:
+            resp.read()
+    return resp, events
 
 
 def direct_post(vllm: Vllm, body: dict, path="/v1/chat/completions") -> httpx.Response:

@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from tests.vllm.stack import C, R, direct_post
+from tests.vllm.stack import C, R, direct_post, head_prompt_tokens
 
 # vLLM 0.11 has no Anthropic API (tests/vllm/test_vllm_anthropic_api.py shows the 404).
 pytestmark = pytest.mark.needs_messages_api
@@ -66,17 +66,32 @@ def check(reply, label=""):
     return input_tokens
 
 
+def check_head(reply, label=""):
+    """``check`` for a stream closed after its `message_start` (Client.post_head): vLLM
+    accepted the rewritten cap (HTTP 200, a stream) and reports its own count there."""
+    assert reply.status == 200, reply.describe()
+    assert reply.action == "rewritten", reply.describe()
+    input_tokens = head_prompt_tokens(reply.events)
+    assert input_tokens is not None, (label, reply.describe())
+    assert reply.prompt_tokens_header == input_tokens, (label, reply.describe())
+    assert reply.max_tokens_header == C - input_tokens, reply.describe()
+    return input_tokens
+
+
 @pytest.mark.parametrize("case", sorted(CASES))
 @pytest.mark.parametrize("cap", [32000, 64000])
 def test_messages_count_equals_vllm_usage(exact, vllm, case, cap):
     b = body(case, cap)
     direct = direct_post(vllm, b, PATH)
     assert direct.status_code == 400, direct.text[:300]   # max_tokens > max_model_len
-    reply = exact.post(b, PATH)
+    # Streamed and closed after message_start: the count and the rewrite are what is checked
+    # here, not a whole generation (test_messages_window_learned_from_models reads a whole
+    # non-streamed answer).
+    reply = exact.post_head(b, PATH)
     # The cap is not part of what is counted: the second cap of a case is a cache hit.
     assert reply.source == ("exact" if cap == 32000 else "cache"), reply.describe()
-    check(reply, case)
-    again = exact.post(b, PATH)
+    check_head(reply, case)
+    again = exact.post_head(b, PATH)
     assert again.source == "cache" and again.prompt_tokens_header == reply.prompt_tokens_header
 
 
@@ -87,8 +102,8 @@ def test_messages_window_learned_from_models(learned):
 
 
 def test_messages_string_cap_is_read_laxly(exact):
-    reply = exact.post(body("plain", "32000"), PATH)
-    check(reply)
+    reply = exact.post_head(body("plain", "32000"), PATH)
+    check_head(reply)
     assert json.loads(reply.raw)["max_tokens"] == "32000"
 
 
@@ -101,16 +116,15 @@ def test_thinking_budget_kept_below_the_new_cap(exact, vllm):
 
 
 def test_streaming_reports_the_same_count(exact):
+    # The whole stream (message_start to message_stop) through the filter.
     b = body("system_blocks", 32000, stream=True)
     reply = exact.post(b, PATH)
     assert reply.status == 200 and reply.action == "rewritten", reply.describe()
-    start = None
-    for line in reply.resp.text.splitlines():
-        if line.startswith("data: "):
-            event = json.loads(line[6:])
-            if event.get("type") == "message_start":
-                start = event["message"]["usage"]
-    assert start is not None, reply.resp.text[:300]
+    events = [json.loads(line[6:]) for line in reply.resp.text.splitlines()
+              if line.startswith("data: ")]
+    kinds = [e.get("type") for e in events]
+    assert kinds[0] == "message_start" and kinds[-1] == "message_stop", kinds[:3] + kinds[-3:]
+    start = events[0]["message"]["usage"]
     assert reply.prompt_tokens_header == start["input_tokens"] + start.get(
         "cache_read_input_tokens", 0)
 

@@ -43,8 +43,9 @@ if [ "$MODE" = all ] && ! cargo clippy --version >/dev/null 2>&1; then
 fi
 
 if [ ! -x "$VENV/bin/python" ]; then
-  say "creating virtualenv $VENV ($("$PYTHON" --version 2>&1))"
-  "$PYTHON" -m venv "$VENV"
+  # .venv may be a link to a virtualenv kept elsewhere (.ci/run does that): create it there.
+  say "creating virtualenv $(readlink -f "$VENV") ($("$PYTHON" --version 2>&1))"
+  "$PYTHON" -m venv "$(readlink -f "$VENV")"
 else
   say "virtualenv $VENV exists"
 fi

@@ -254,7 +254,10 @@ class Envoy:
         out = open(self.stdout_path, "wb")
         self.proc = subprocess.Popen(
             [self.binary, "-c", str(self.config_path), "--concurrency", "2", *self.log_args,
-             "--log-path", str(self.log_path), "--disable-hot-restart", "--drain-time-s", "1"],
+             "--log-path", str(self.log_path), "--disable-hot-restart", "--drain-time-s", "1",
+             # The log file flushed every 100 ms, not every 10 s: tests that wait for a line
+             # see it at once.
+             "--file-flush-interval-msec", "100"],
             stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             env=None if self.env is None else {**os.environ, **self.env})
         out.close()

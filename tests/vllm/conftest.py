@@ -38,6 +38,9 @@ def pytest_configure(config):
         "(behaviour of the filter that does not depend on the vLLM release)")
     config.addinivalue_line(
         "markers", "needs_messages_api: run only on vLLM releases that serve /v1/messages")
+    config.addinivalue_line(
+        "markers", "phase(n): run after the release's tests of lower phases (default 0): the "
+        "tests that stop or restart the release's server declare their order this way")
 
 
 def pytest_generate_tests(metafunc):
@@ -158,7 +161,8 @@ def pytest_collection_modifyitems(config, items):
     One release at a time: this suite's tests run as one block, at the place of its first
     test, grouped by vLLM release, newest first (so each release's server starts once and is
     stopped before the next starts), in the order given within each release (tests marked
-    `pytest.mark.last` end their release's group)."""
+    `pytest.mark.last` end their release's group, ordered among themselves by
+    `pytest.mark.phase`)."""
     mine = [item for item in items if Path(str(item.fspath)).resolve().parent == HERE]
     if not mine:
         return
@@ -166,15 +170,17 @@ def pytest_collection_modifyitems(config, items):
         if not item.get_closest_marker("timeout"):
             item.add_marker(pytest.mark.timeout(600))
 
-    def release_rank(item):
+    def rank(item):
         spec = getattr(item, "callspec", None)
         release = spec.params.get("vllm_release") if spec else None
-        return RELEASES.index(release) if release in RELEASES else len(RELEASES)
+        phase = item.get_closest_marker("phase")
+        return (RELEASES.index(release) if release in RELEASES else len(RELEASES),
+                phase.args[0] if phase else 0)
 
     ids = {id(item) for item in mine}
     first = next(i for i, item in enumerate(items) if id(item) in ids)
     rest = [item for item in items if id(item) not in ids]
-    items[:] = rest[:first] + sorted(mine, key=release_rank) + rest[first:]
+    items[:] = rest[:first] + sorted(mine, key=rank) + rest[first:]
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):

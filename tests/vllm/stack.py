@@ -27,6 +27,8 @@ VLLM_SH = ROOT / "scripts" / "vllm.sh"
 SCRIPTS = ROOT / "scripts"
 MODEL = "qwen3-tiny"        # served model name (scripts/vllm.sh)
 C = 512                     # max_model_len (scripts/vllm.sh default)
+# vLLM renders a request with tool_choice "none" without its tools (test_vllm_exclude_tools.py).
+EXCLUDE_TOOLS_FLAG = "--exclude-tools-when-tool-choice-none"
 R = 64                      # min_output_tokens of the test configurations
 F = 32                      # fallback_margin_tokens of the test configurations
 # (config, shape, filter count, vLLM usage.prompt_tokens): printed after the run

@@ -6,24 +6,26 @@ With the flag, vLLM renders a request whose `tool_choice` is exactly "none" with
 `tool_choice` still renders the tools. vLLM's /tokenize ignores `tool_choice` (it counts the
 tools it is given), so the filter must leave `tools` out of the payload itself.
 
-Runs at the end (`pytest.mark.last`), on the newest selected release only: it replaces the
-session's vLLM with one started with the flag, on the same port and state directory (one
-server at a time); the outage test restarts the plain server, the session's teardown stops
-whichever runs.
+Runs at the end (`pytest.mark.last`, phase 2), on the newest selected release only, on the
+session's vLLM as the outage test (phase 1) restarted it: with the flag, same port and state
+directory. Run without that test first, it restarts the server with the flag itself; the
+session's teardown stops whichever runs.
 """
 
 import pytest
 
 from tests.harness.servers import start_or_fail
 from tests.vllm.test_vllm_counts import SYSTEM, TOOLS, check_exact_then_cache, chat, tool_history, user
-from tests.vllm.stack import MODEL, Client, Vllm, direct_post, stream_usage
+from tests.vllm.stack import EXCLUDE_TOOLS_FLAG, MODEL, Client, Vllm, direct_post, stream_usage
 
-pytestmark = [pytest.mark.last, pytest.mark.newest_vllm_only]
-FLAG = "--exclude-tools-when-tool-choice-none"
+pytestmark = [pytest.mark.last, pytest.mark.newest_vllm_only, pytest.mark.phase(2)]
+FLAG = EXCLUDE_TOOLS_FLAG
 
 
 @pytest.fixture(scope="module")
 def excluding_vllm(vllm):
+    if FLAG in vllm.extra_args and vllm.healthy():
+        return vllm   # restarted with the flag by test_vllm_outage.py
     vllm.stop()
     server = Vllm(vllm.state_dir, vllm.port, release=vllm.release, extra_args=(FLAG,))
     start_or_fail(server, f"vLLM {vllm.release} {FLAG}", stop_on_failure=False)

@@ -1,5 +1,9 @@
 """Fail-open when vLLM is unreachable (runs last: it stops and restarts the session's vLLM).
 
+The restart brings the server back with `--exclude-tools-when-tool-choice-none`, the flag the
+next phase (test_vllm_exclude_tools.py) needs, so the release's server restarts once, not
+twice; nothing this module sends has `tool_choice` "none", so the flag changes none of it.
+
 With vLLM gone the filter's /tokenize call fails, so it budgets from the rough estimate plus F
 (docs/spec.md §7) and lets the request through; Envoy itself then answers 503 because the upstream is
 down. The filter must not be the one that breaks the request, Envoy must stay up, the failure
@@ -12,10 +16,10 @@ import httpx
 import pytest
 
 from tests.harness.spec import estimate
-from tests.vllm.stack import C, F, MODEL, R, fit_messages
+from tests.vllm.stack import C, EXCLUDE_TOOLS_FLAG, F, MODEL, R, fit_messages
 
 # It stops and restarts the session's vLLM: after every other test (tests/conftest.py).
-pytestmark = [pytest.mark.last, pytest.mark.newest_vllm_only]
+pytestmark = [pytest.mark.last, pytest.mark.newest_vllm_only, pytest.mark.phase(1)]
 
 
 ENVOY_UPSTREAM_ERROR = re.compile(r"upstream connect error|no healthy upstream|"
@@ -94,7 +98,10 @@ def test_vllm_stopped_fails_open_then_recovers(vllm, stack, exact):
         res = exact.post(body("outage-warm", cap=4))
         assert res.status == 503 and res.source == "cache", res.describe()
     finally:
-        vllm.start()   # same port: the Envoy clusters point at it
+        # Same port: the Envoy clusters point at it. With the next phase's flag (above).
+        if EXCLUDE_TOOLS_FLAG not in vllm.extra_args:
+            vllm.extra_args = (*vllm.extra_args, EXCLUDE_TOOLS_FLAG)
+        vllm.start()
 
     # Back: exact counting again, through the very same Envoys.
     res = exact.post(body("outage-back", cap=4))
@@ -114,6 +121,7 @@ def test_vllm_stopped_fails_open_then_recovers(vllm, stack, exact):
     assert res.max_tokens_header >= R
 
 
+@pytest.mark.phase(3)   # after test_vllm_exclude_tools.py too: every Envoy of the suite
 def test_no_wasm_failures_in_envoy_logs(stack):
     stack.stop()   # flushes the logs
     found = []

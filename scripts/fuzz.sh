@@ -7,9 +7,10 @@
 #
 # Targets: body_rewrite caps tokenize_reply config. Built with plain cargo and the flags
 # cargo-fuzz would pass (SanitizerCoverage, --cfg fuzzing, debug assertions, one codegen unit),
-# so nothing is installed. Runs at nice 19, one target per core at a time (FUZZ_JOBS). New corpus entries go to
-# fuzz/corpus/<target>/ (ignored by git; the committed seeds are fuzz/seeds/<target>/). A crash
-# leaves its input in fuzz/artifacts/<target>/ and makes this script exit 1; reproduce it with
+# so nothing is installed. Runs at nice 19, one target per core at a time (FUZZ_JOBS). New
+# corpus entries go to fuzz/corpus/<target>/ (ignored by git; the committed seeds are
+# fuzz/seeds/<target>/). A crash leaves its input in fuzz/artifacts/<target>/ and makes this
+# script exit 1; reproduce it with
 #   fuzz/target/x86_64-unknown-linux-gnu/release/<target> fuzz/artifacts/<target>/crash-...
 # and shrink it with the same binary and -minimize_crash=1.
 # Environment: FUZZ_SANITIZER (default none: the core has no unsafe code; `address` works too,

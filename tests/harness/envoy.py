@@ -138,6 +138,11 @@ def _http_get(url: str, timeout=2.0) -> Tuple[int, str]:
         return e.code, e.read().decode("utf-8", "replace")
 
 
+def counter_delta(before: Dict[str, int], after: Dict[str, int]) -> Dict[str, int]:
+    """The counters that changed between two ``Envoy.counters()`` readings, by how much."""
+    return {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
+
+
 class EnvoyError(RuntimeError):
     pass
 

@@ -6,14 +6,13 @@ names passes unchanged (`model`)."""
 
 from __future__ import annotations
 
-import json
-
 import httpx
 import pytest
 
 from tests.harness.cases import SYSTEM, TOOLS, user
+from tests.harness.envoy import counter_delta
 from tests.routes.conftest import MODELS
-from tests.vllm.stack import head_body, head_prompt_tokens, stream_head
+from tests.vllm.stack import Client, head_prompt_tokens
 
 ORDERS = {
     # Anthropic first: the window comes from each server's /v1/models.
@@ -39,20 +38,18 @@ def post(env, path: str, payload: dict) -> tuple:
     before = env.counters()
     r = httpx.post(env.url + path, json=payload, headers={"x-model": payload["model"]},
                    timeout=180)
-    after = env.counters()
-    return r, {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
+    return r, counter_delta(before, env.counters())
 
 
 def post_head(env, path: str, payload: dict) -> tuple:
     """``payload`` streamed and closed once the server reported its prompt count
-    (tests/vllm/stack.py ``stream_head``): (the response, that count, the counter deltas)."""
-    before = env.counters()
-    raw = json.dumps(head_body(payload, path)).encode()
-    with httpx.Client(base_url=env.url, timeout=180) as http:
-        r, events = stream_head(http, path, raw, {"x-model": payload["model"]})
-    after = env.counters()
-    delta = {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
-    return r, head_prompt_tokens(events), delta
+    (``Client.post_head``): (the response, that count, the counter deltas)."""
+    client = Client(env)
+    try:
+        reply = client.post_head(payload, path, headers={"x-model": payload["model"]})
+    finally:
+        client.close()
+    return reply.resp, head_prompt_tokens(reply.events), reply.delta
 
 
 @pytest.mark.parametrize("order", list(ORDERS))

@@ -20,7 +20,8 @@ import httpx
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-from tests.harness.envoy import WASM, Envoy, envoy_binary, free_port, no_filter  # noqa: F401
+from tests.harness.envoy import (WASM, Envoy, counter_delta, envoy_binary,  # noqa: F401
+                                 free_port, no_filter)
 from tests.harness.servers import StackError  # noqa: F401 (re-exported)
 
 VLLM_SH = ROOT / "scripts" / "vllm.sh"
@@ -311,20 +312,17 @@ class Client:
         raw = json.dumps(body, ensure_ascii=ensure_ascii, indent=indent).encode("utf-8")
         before = self.envoy.counters()
         resp = self.http.post(path, content=raw, headers={"content-type": "application/json"})
-        after = self.envoy.counters()
-        delta = {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
+        delta = counter_delta(before, self.envoy.counters())
         return Reply(resp, delta, body, raw)
 
-
-    def post_head(self, body: dict, path="/v1/messages") -> Reply:
+    def post_head(self, body: dict, path="/v1/messages", headers=None) -> Reply:
         """``body`` sent by ``stream_head``: ``Reply.events`` up to the first that carries the
         server's prompt count."""
         sent = head_body(body, path)
         raw = json.dumps(sent, ensure_ascii=False).encode("utf-8")
         before = self.envoy.counters()
-        resp, events = stream_head(self.http, path, raw)
-        after = self.envoy.counters()
-        delta = {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
+        resp, events = stream_head(self.http, path, raw, headers)
+        delta = counter_delta(before, self.envoy.counters())
         reply = Reply(resp, delta, sent, raw)
         reply.events = events
         return reply
@@ -361,7 +359,7 @@ def stream_head(http: httpx.Client, path: str, raw: bytes, headers=None):
             for line in resp.iter_lines():
                 if line.startswith("data: ") and line[6:].strip() != "[DONE]":
                     events.append(json.loads(line[6:]))
-                    if head_prompt_tokens(events) is not None:
+                    if head_prompt_tokens(events[-1:]) is not None:
                         break
         else:
             resp.read()

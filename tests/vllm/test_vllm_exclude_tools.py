@@ -19,16 +19,15 @@ from tests.vllm.test_vllm_counts import SYSTEM, TOOLS, check_exact_then_cache, c
 from tests.vllm.stack import EXCLUDE_TOOLS_FLAG, MODEL, Client, Vllm, direct_post, stream_usage
 
 pytestmark = [pytest.mark.last, pytest.mark.newest_vllm_only, pytest.mark.phase(2)]
-FLAG = EXCLUDE_TOOLS_FLAG
 
 
 @pytest.fixture(scope="module")
 def excluding_vllm(vllm):
-    if FLAG in vllm.extra_args and vllm.healthy():
+    if EXCLUDE_TOOLS_FLAG in vllm.extra_args and vllm.healthy():
         return vllm   # restarted with the flag by test_vllm_outage.py
     vllm.stop()
-    server = Vllm(vllm.state_dir, vllm.port, release=vllm.release, extra_args=(FLAG,))
-    start_or_fail(server, f"vLLM {vllm.release} {FLAG}", stop_on_failure=False)
+    server = Vllm(vllm.state_dir, vllm.port, release=vllm.release, extra_args=(EXCLUDE_TOOLS_FLAG,))
+    start_or_fail(server, f"vLLM {vllm.release} {EXCLUDE_TOOLS_FLAG}", stop_on_failure=False)
     vllm.start_seconds.extend(server.start_seconds)
     return server
 

@@ -33,6 +33,22 @@
 //!   message that carries reasoning covers the tokens at the new seam;
 //! * the earlier count included its own generation prompt, and TAIL covers this one's.
 //!
+//! Where that bound of the new messages leaves too little room, their exact count does better:
+//! the backend counts the new messages alone (the tail: rendered by the server's own template
+//! as a conversation of their own, without the system prompt and the tools), and
+//!
+//! ```text
+//! P_hi = count(prefix) + count(tail) + SEAM + RESTYLE·k_r
+//! ```
+//!
+//! which holds for the same reasons: the special tokens between messages cut the BPE, so the
+//! tail renders to the same tokens in both conversations, except at the seam, where the full
+//! conversation may render a little more than the tail alone (Qwen3 gives its final assistant
+//! message an empty think block once a user query precedes it): SEAM covers that. The tail's
+//! own count includes one generation prompt, as the prompt does. A tail whose assistant
+//! messages carry reasoning is not counted alone (the template may render it only in the full
+//! conversation), nor is one the byte bound cannot see through.
+//!
 //! Content the bound cannot see through — images, audio, files, documents, roles other than
 //! system, user, assistant and tool, Anthropic blocks other than text, thinking, tool_use and
 //! tool_result with text — makes the request count as before. So does every backend other
@@ -60,11 +76,18 @@ pub const BLOCK: u64 = 48;
 pub const FLOAT: u64 = 24;
 /// Re-rendering seam of an earlier message whose reasoning the template may drop.
 pub const RESTYLE: u64 = 8;
+/// What the full conversation may render at the seam beyond its prefix's and its tail's counts.
+pub const SEAM: u64 = 16;
+/// Bytes per token guessed for a tail before counting it: a tail is counted alone only when
+/// this guess leaves room for the cap (a guess, never a bound: it only decides which count
+/// to ask for).
+pub const GUESS_BYTES_PER_TOKEN: u64 = 4;
 /// How many prefix lengths are probed, newest first.
 pub const MAX_PROBES: usize = 16;
 
 const PREFIX: &str = "incontext.v1.prefix.";
 const OFF: &str = "incontext.v1.skip_off.";
+const TAIL_OFF: &str = "incontext.v1.tail_off.";
 
 /// The members that never change the prompt: the caps and the streaming switches.
 fn unrelated(key: &str) -> bool {
@@ -187,13 +210,23 @@ pub fn decode(link: u128, value: &[u8]) -> Option<Entry> {
     })
 }
 
-/// The shared-data key that turns skipping off for a route and model.
-pub fn off_key(scope: &str, model: &str) -> String {
+fn scoped_key(prefix: &str, scope: &str, model: &str) -> String {
     let mut h = Xxh3::new();
     h.update(&(scope.len() as u64).to_le_bytes());
     h.update(scope.as_bytes());
     h.update(model.as_bytes());
-    format!("{OFF}{:032x}", h.digest128())
+    format!("{prefix}{:032x}", h.digest128())
+}
+
+/// The shared-data key that turns skipping off for a route and model.
+pub fn off_key(scope: &str, model: &str) -> String {
+    scoped_key(OFF, scope, model)
+}
+
+/// The shared-data key that turns counting a tail alone off for a route and model (the
+/// server refused such a count: its template wants a whole conversation).
+pub fn tail_off_key(scope: &str, model: &str) -> String {
+    scoped_key(TAIL_OFF, scope, model)
 }
 
 #[derive(Deserialize)]
@@ -347,6 +380,90 @@ fn restyles(raw: &[u8]) -> bool {
     THINK.is_in(raw) || REASONING.is_in(raw)
 }
 
+/// The restyling allowance of the first `k` messages: RESTYLE per message that carries
+/// reasoning.
+fn restyled(body: &[u8], chain: &Chain, k: usize) -> Option<u64> {
+    let mut total: u64 = 0;
+    for r in chain.items.get(..k)? {
+        if restyles(body.get(r.clone())?) {
+            total = total.checked_add(RESTYLE)?;
+        }
+    }
+    Some(total)
+}
+
+/// What counting the messages after the first `k` alone would bound the prompt with: the
+/// tail's raw ranges, and `count(prefix) + SEAM + RESTYLE·k_r` to which its count adds.
+/// `None` where the tail may not be counted alone: it is empty, the bound cannot see through
+/// one of its messages, or an assistant message of it carries reasoning.
+pub fn tail<'c>(
+    form: Form,
+    body: &[u8],
+    chain: &'c Chain,
+    k: usize,
+    prefix_tokens: u64,
+) -> Option<Tail<'c>> {
+    let items = chain.items.get(k..).filter(|t| !t.is_empty())?;
+    let mut bytes: u64 = 0;
+    for r in items {
+        let raw = body.get(r.clone())?;
+        message_bound(form, raw)?;
+        if restyles(raw) && role_is(raw, "assistant") {
+            return None;
+        }
+        bytes = bytes.checked_add(raw.len() as u64)?;
+    }
+    let base = prefix_tokens
+        .checked_add(SEAM)?
+        .checked_add(restyled(body, chain, k)?)?;
+    Some(Tail { items, base, bytes })
+}
+
+/// A tail to count alone (see [`tail`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tail<'c> {
+    /// The tail's messages, as raw ranges of the body.
+    pub items: &'c [Range<usize>],
+    /// What the tail's count adds to for P_hi.
+    pub base: u64,
+    /// The tail's raw bytes.
+    pub bytes: u64,
+}
+
+impl Tail<'_> {
+    /// Whether counting the tail may prove that `need` output tokens fit `w`: by the guess of
+    /// GUESS_BYTES_PER_TOKEN bytes a token (a guess: it only spares a count that would not
+    /// prove it).
+    pub fn may_prove(&self, need: u64, w: u64) -> bool {
+        self.base
+            .saturating_add(self.bytes / GUESS_BYTES_PER_TOKEN)
+            .saturating_add(need)
+            <= w
+    }
+}
+
+/// Whether a message's role is `role`.
+fn role_is(raw: &[u8], role: &str) -> bool {
+    std::str::from_utf8(raw)
+        .ok()
+        .and_then(|t| serde_json::from_str::<Message>(t).ok())
+        .is_some_and(|m| m.role == role)
+}
+
+/// Writes the tail's messages as one JSON array (raw, as they stand in the body).
+pub fn tail_array(body: &[u8], items: &[Range<usize>]) -> Option<Vec<u8>> {
+    let mut out = Vec::with_capacity(items.iter().map(|r| r.len() + 1).sum::<usize>() + 2);
+    out.push(b'[');
+    for (i, r) in items.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(body.get(r.clone())?);
+    }
+    out.push(b']');
+    Some(out)
+}
+
 /// P_hi for `chain` given the exact count (or bound) `prefix_tokens` of its first `k` messages.
 pub fn upper_bound(
     form: Form,
@@ -355,12 +472,9 @@ pub fn upper_bound(
     k: usize,
     prefix_tokens: u64,
 ) -> Option<u64> {
-    let mut total = prefix_tokens.checked_add(TAIL)?;
-    for r in chain.items.get(..k)? {
-        if restyles(body.get(r.clone())?) {
-            total = total.checked_add(RESTYLE)?;
-        }
-    }
+    let mut total = prefix_tokens
+        .checked_add(TAIL)?
+        .checked_add(restyled(body, chain, k)?)?;
     for r in chain.items.get(k..)? {
         total = total.checked_add(message_bound(form, body.get(r.clone())?)?)?;
     }
@@ -536,6 +650,61 @@ mod tests {
             1,
             "inside strings nothing"
         );
+    }
+
+    #[test]
+    fn a_tail_is_what_follows_the_counted_prefix() {
+        let b = chain_of(B, Endpoint::OpenAi, "r");
+        let t = tail(Form::Chat, B.as_bytes(), &b, 2, 100).unwrap();
+        assert_eq!(t.items, &b.items[2..]);
+        let assistant = br#"{"role":"assistant","content":"yo"}"#;
+        assert_eq!(t.bytes, assistant.len() as u64);
+        assert_eq!(t.base, 100 + SEAM);
+        assert_eq!(
+            tail_array(B.as_bytes(), t.items).unwrap(),
+            [&b"["[..], assistant, b"]"].concat()
+        );
+        let two = tail(Form::Chat, B.as_bytes(), &b, 1, 100).unwrap();
+        let array = tail_array(B.as_bytes(), two.items).unwrap();
+        let parsed: serde_json::Value = serde_json::from_slice(&array).unwrap();
+        assert_eq!(parsed.as_array().unwrap().len(), 2);
+        // Nothing new: nothing to count.
+        assert_eq!(tail(Form::Chat, B.as_bytes(), &b, 3, 100), None);
+        // The guess: a quarter of the bytes a token.
+        assert!(two.may_prove(1000, two.base + two.bytes / 4 + 1000));
+        assert!(!two.may_prove(1000, two.base + two.bytes / 4 + 999));
+    }
+
+    #[test]
+    fn tails_the_template_may_render_otherwise_are_not_counted_alone() {
+        let reasoning = B.replace(
+            r#"{"role":"assistant","content":"yo"}"#,
+            r#"{"role":"assistant","content":"yo","reasoning_content":"r"}"#,
+        );
+        let c = chain_of(&reasoning, Endpoint::OpenAi, "r");
+        assert_eq!(tail(Form::Chat, reasoning.as_bytes(), &c, 2, 100), None);
+        let think = B.replace(r#""content":"yo""#, r#""content":"<think>a</think>yo""#);
+        let c = chain_of(&think, Endpoint::OpenAi, "r");
+        assert_eq!(tail(Form::Chat, think.as_bytes(), &c, 2, 100), None);
+        // A user's words about thinking render the same anywhere.
+        let user = B.replace(r#""content":"hi""#, r#""content":"think about it""#);
+        let c = chain_of(&user, Endpoint::OpenAi, "r");
+        assert!(tail(Form::Chat, user.as_bytes(), &c, 1, 100).is_some());
+        // What the byte bound cannot see through is not counted alone either.
+        let image = B.replace(
+            r#"{"role":"assistant","content":"yo"}"#,
+            r#"{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}"#,
+        );
+        let c = chain_of(&image, Endpoint::OpenAi, "r");
+        assert_eq!(tail(Form::Chat, image.as_bytes(), &c, 2, 100), None);
+        // The prefix's reasoning is restyled as in the byte bound.
+        let earlier = B.replace(
+            r#"{"role":"user","content":"hi"}"#,
+            r#"{"role":"assistant","content":"x","reasoning_content":"r"}"#,
+        );
+        let c = chain_of(&earlier, Endpoint::OpenAi, "r");
+        let t = tail(Form::Chat, earlier.as_bytes(), &c, 2, 100).unwrap();
+        assert_eq!(t.base, 100 + SEAM + RESTYLE);
     }
 
     #[test]

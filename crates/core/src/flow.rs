@@ -48,6 +48,8 @@ pub enum Metric {
     BoundChecks,
     /// A check whose count exceeded the bound: skipping is off for that route.
     BoundViolations,
+    /// A count of a conversation's new messages alone, on the request's path.
+    TailCounts,
     /// A server's window error reached the client as its dialect's (docs/spec.md §13).
     Translated,
     /// An Anthropic answer ended by the window reports `model_context_window_exceeded`.
@@ -338,6 +340,13 @@ enum State {
         kind: CallKind,
         pending: Box<Pending>,
     },
+    /// Waiting for the count of the conversation's new messages alone (docs/spec.md §15).
+    Tail {
+        token: u32,
+        kind: CallKind,
+        pending: Box<Pending>,
+        proof: TailProof,
+    },
     /// Sent upstream unchanged on a bound; counted once the upstream answers.
     Skipped { pending: Box<Pending>, bound: u64 },
     /// Waiting for the count of a skipped request.
@@ -347,6 +356,22 @@ enum State {
         pending: Box<Pending>,
         bound: u64,
     },
+}
+
+/// What a bound found for a request (docs/spec.md §15).
+enum Proof {
+    /// The bound proves the outcome: P_hi.
+    Fits(u64),
+    /// Counting the new messages alone may prove it.
+    Tail(Call, TailProof),
+}
+
+/// What a tail's count must satisfy to prove the outcome: `base + count + need <= w`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct TailProof {
+    base: u64,
+    need: u64,
+    w: u64,
 }
 
 /// One request through the filter.
@@ -463,7 +488,9 @@ impl Exchange {
             State::Passing | State::Skipped { .. } | State::Checking { .. } => {
                 return BodyStep::Continue
             }
-            State::Window { .. } | State::Counting { .. } => return BodyStep::Wait,
+            State::Window { .. } | State::Counting { .. } | State::Tail { .. } => {
+                return BodyStep::Wait
+            }
         }
         if size > plugin.config.max_body_bytes {
             self.unchanged(host, Reason::TooLarge, None);
@@ -589,10 +616,25 @@ impl Exchange {
             sent_ms: None,
         });
         if let Some(chain) = &chain {
-            if let Some(p_hi) = self.provable(plugin, host, &pending, chain) {
-                return self.skip(plugin, host, pending, p_hi);
+            match self.provable(plugin, host, &pending, chain) {
+                Some(Proof::Fits(p_hi)) => return self.skip(plugin, host, pending, p_hi),
+                Some(Proof::Tail(call, proof)) => {
+                    return self.dispatch_tail(plugin, host, pending, &call, proof)
+                }
+                None => {}
             }
         }
+        self.count_exactly(plugin, host, pending)
+    }
+
+    /// Counts the whole prompt: the window first when nothing reports it.
+    fn count_exactly(
+        &mut self,
+        plugin: &Plugin,
+        host: &mut dyn Host,
+        pending: Box<Pending>,
+    ) -> Step {
+        let config = &plugin.config;
         let needs_window = !backend::count_reports_window(config, pending.req.form)
             && config.context_length.is_none()
             && plugin.learned_fresh(host, &pending.model).is_none();
@@ -623,14 +665,15 @@ impl Exchange {
     /// caller's cap fits (W − P_hi ≥ B), or, without a cap, the server's own default of the
     /// rest of the window does (W = C, W − P_hi ≥ R). Only where writing the cap back would
     /// change nothing: one cap member, of the field the rewrite writes, with a thinking
-    /// budget that needs no lowering.
+    /// budget that needs no lowering. Where the bytes of the new messages do not prove it, a
+    /// count of those messages alone may: the call that asks it.
     fn provable(
         &self,
         plugin: &Plugin,
         host: &mut dyn Host,
         pending: &Pending,
         chain: &bound::Chain,
-    ) -> Option<u64> {
+    ) -> Option<Proof> {
         let config = &plugin.config;
         let req = &pending.req;
         let learned = match config.context_length {
@@ -669,10 +712,89 @@ impl Exchange {
             else {
                 continue;
             };
-            let p_hi = bound::upper_bound(req.form, &pending.body, chain, k, entry.tokens)?;
-            return (p_hi.checked_add(need)? <= w).then_some(p_hi);
+            let body = &pending.body;
+            if let Some(p_hi) = bound::upper_bound(req.form, body, chain, k, entry.tokens) {
+                if p_hi.checked_add(need)? <= w {
+                    return Some(Proof::Fits(p_hi));
+                }
+            }
+            let tail = bound::tail(req.form, body, chain, k, entry.tokens)?;
+            let off = bound::tail_off_key(&plugin.scope, &pending.model);
+            if !tail.may_prove(need, w) || host.get_shared(&off).is_some() {
+                return None;
+            }
+            let messages = bound::tail_array(body, tail.items)?;
+            let call = backend::tail_call(config, req, body, &messages)?;
+            let proof = TailProof {
+                base: tail.base,
+                need,
+                w,
+            };
+            return Some(Proof::Tail(call, proof));
         }
         None
+    }
+
+    /// Sends the count of the conversation's new messages alone.
+    fn dispatch_tail(
+        &mut self,
+        plugin: &Plugin,
+        host: &mut dyn Host,
+        mut pending: Box<Pending>,
+        call: &Call,
+        proof: TailProof,
+    ) -> Step {
+        host.increment(Metric::TailCounts);
+        pending.sent_ms = host.now_ms();
+        match self.dispatch(plugin, host, call) {
+            Some(token) => {
+                self.state = State::Tail {
+                    token,
+                    kind: call.kind,
+                    pending,
+                    proof,
+                };
+                Step::Wait
+            }
+            None => self.count_exactly(plugin, host, pending),
+        }
+    }
+
+    /// The tail's count: the request skips its count when it proves the outcome, and is
+    /// counted whole otherwise. A server that refuses to count a tail alone (its template
+    /// wants a whole conversation) is not asked again for this route and model.
+    fn tail_counted(
+        &mut self,
+        plugin: &Plugin,
+        host: &mut dyn Host,
+        pending: Box<Pending>,
+        proof: TailProof,
+        counted: Result<Counted, Failure>,
+    ) -> Step {
+        match counted {
+            Ok(c) => {
+                let p_hi = proof.base.saturating_add(c.count);
+                if p_hi.saturating_add(proof.need) <= proof.w {
+                    return self.skip(plugin, host, pending, p_hi);
+                }
+            }
+            Err(failure) => {
+                host.increment(Metric::Failure(failure));
+                let refused = matches!(
+                    failure,
+                    Failure::Status | Failure::BadJson | Failure::Contract
+                );
+                let off = bound::tail_off_key(&plugin.scope, &pending.model);
+                if refused && host.get_shared(&off).is_none() {
+                    host.set_shared(&off, &[1]);
+                    log::warn!(
+                        "incontext: the tokenizer did not count a conversation's new messages alone ({}); counting whole prompts for this route from now on",
+                        failure.as_str()
+                    );
+                }
+            }
+        }
+        self.count_exactly(plugin, host, pending)
     }
 
     /// Sends the request on unchanged with P_hi reported; the conversation is anchored at
@@ -818,6 +940,19 @@ impl Exchange {
                     answer.read(|b| backend::parse_count(&plugin.config, kind, answer.status, b));
                 Some(Answered::Check(pending, bound, counted))
             }
+            State::Tail {
+                token,
+                kind,
+                pending,
+                proof,
+            } if token == answer.token => {
+                if let (Some(sent), Some(now)) = (pending.sent_ms, host.now_ms()) {
+                    host.record(Histogram::CountMs, now.saturating_sub(sent));
+                }
+                let counted =
+                    answer.read(|b| backend::parse_count(&plugin.config, kind, answer.status, b));
+                Some(Answered::Tail(pending, proof, counted))
+            }
             other => {
                 self.state = other;
                 None
@@ -858,6 +993,9 @@ impl Exchange {
                 return None;
             }
             Answered::Window(pending) => self.dispatch_count(plugin, host, pending),
+            Answered::Tail(pending, proof, counted) => {
+                self.tail_counted(plugin, host, pending, proof, counted)
+            }
             Answered::Count(pending, Ok(counted)) => self.counted(plugin, host, pending, counted),
             Answered::Count(pending, Err(failure)) => self.failed(plugin, host, failure, pending),
             Answered::TooLong(pending, e) => self.too_long(plugin, host, pending, e),
@@ -880,7 +1018,10 @@ impl Exchange {
                 pending,
                 bound,
             } => (token, OrphanCall::Check(kind, bound), pending),
-            State::Passing | State::Buffering | State::Skipped { .. } => return None,
+            // A tail's count tells nothing without its request.
+            State::Passing | State::Buffering | State::Skipped { .. } | State::Tail { .. } => {
+                return None
+            }
         };
         let Pending {
             key, model, link, ..
@@ -900,6 +1041,7 @@ impl Exchange {
         match self.state {
             State::Window { token, .. }
             | State::Counting { token, .. }
+            | State::Tail { token, .. }
             | State::Checking { token, .. } => Some(token),
             _ => None,
         }
@@ -1405,6 +1547,8 @@ enum Answered {
     Count(Box<Pending>, Result<Counted, Failure>),
     /// The count of a skipped request, and its bound.
     Check(Box<Pending>, u64, Result<Counted, Failure>),
+    /// The count of a conversation's new messages alone.
+    Tail(Box<Pending>, TailProof, Result<Counted, Failure>),
     /// The counter refused the prompt as too long.
     TooLong(Box<Pending>, WindowError),
 }
@@ -1697,13 +1841,16 @@ mod tests {
             &mut host,
             &mut x,
             200,
-            r#"{"count":24800,"max_model_len":40960}"#,
+            r#"{"count":24900,"max_model_len":40960}"#,
         );
         let (mut y, step) = send(&p, &mut host, "/v1/chat/completions", leak(session(2, cap)));
         assert!(
             matches!(step, Step::Wait),
-            "24800 + the bound of a turn > 40960 − 16000"
+            "24900 + the bound of a turn > 40960 − 16000"
         );
+        // Not even a quarter of the new bytes a token would fit: the whole prompt is counted.
+        assert_eq!(host.calls.len(), 2);
+        assert!(!host.has(Metric::TailCounts));
         let v = rewritten(reply(
             &p,
             &mut host,
@@ -1712,6 +1859,232 @@ mod tests {
             r#"{"count":25000,"max_model_len":40960}"#,
         ));
         assert_eq!(v["max_tokens"], 15960);
+    }
+
+    /// The payload of call `i` as JSON.
+    fn call_json(host: &FakeHost, i: usize) -> serde_json::Value {
+        serde_json::from_slice(host.calls[i].2.body.as_deref().unwrap()).unwrap()
+    }
+
+    /// A conversation anchored at `anchor` tokens after one tool round, and its next turn sent.
+    fn tail_turn(p: &Plugin, host: &mut FakeHost, anchor: u64) -> (Exchange, Step) {
+        let cap = r#","max_tokens":16000"#;
+        let (mut x, _) = send(p, host, "/v1/chat/completions", leak(session(1, cap)));
+        let answer = format!(r#"{{"count":{anchor},"max_model_len":40960}}"#);
+        reply(p, host, &mut x, 200, &answer);
+        send(p, host, "/v1/chat/completions", leak(session(2, cap)))
+    }
+
+    #[test]
+    fn a_count_of_the_new_messages_alone_proves_what_their_bytes_do_not() {
+        let p = plugin(SKIP);
+        let mut host = FakeHost::default();
+        // 24800 + the byte bound of a tool round > 24960 = W − B; 24800 + a quarter of its
+        // bytes is not.
+        let (mut y, step) = tail_turn(&p, &mut host, 24800);
+        assert!(matches!(step, Step::Wait));
+        assert_eq!(host.calls.len(), 2);
+        assert!(host.has(Metric::TailCounts));
+        let whole_counts = |host: &FakeHost| {
+            host.metrics
+                .iter()
+                .filter(|m| **m == Metric::CountCalls)
+                .count()
+        };
+        assert_eq!(whole_counts(&host), 1, "the first turn's only");
+        // vLLM's /tokenize of the two new messages alone: no system prompt, no tools.
+        assert_eq!(host.calls[1].2.path, "/tokenize");
+        let tail = call_json(&host, 1);
+        let messages = tail["messages"].as_array().unwrap();
+        assert_eq!(messages.len(), 2);
+        assert_eq!(messages[0]["role"], "assistant");
+        assert_eq!(messages[1]["role"], "tool");
+        assert!(tail.get("tools").is_none(), "{tail}");
+        assert_eq!(tail["model"], "m");
+        assert_eq!(tail["add_generation_prompt"], true);
+        // 24800 + 120 + SEAM: the cap fits, the request goes on unchanged.
+        let step = reply(
+            &p,
+            &mut host,
+            &mut y,
+            200,
+            r#"{"count":120,"max_model_len":40960}"#,
+        );
+        assert!(matches!(step, Step::Done(Action::Continue)));
+        assert_eq!(action(&y, &p), "unchanged:fits");
+        assert_eq!(header(&y, &p, HEADER_SOURCE).as_deref(), Some("bound"));
+        let p_hi = 24800 + 120 + bound::SEAM;
+        assert_eq!(header(&y, &p, HEADER_PROMPT), Some(p_hi.to_string()));
+        assert!(host.has(Metric::CountSkipped));
+        assert_eq!(whole_counts(&host), 1);
+        // Checked after the upstream answered, like any skipped request.
+        y.on_stream_end(&p, &mut host);
+        assert_eq!(host.calls.len(), 3);
+        assert_eq!(call_json(&host, 2)["messages"].as_array().unwrap().len(), 6);
+        answer_check(&p, &mut host, &mut y, p_hi);
+        assert!(!host.has(Metric::BoundViolations));
+    }
+
+    #[test]
+    fn a_tail_count_that_does_not_prove_it_is_followed_by_the_whole_count() {
+        let p = plugin(SKIP);
+        let mut host = FakeHost::default();
+        let (mut y, _) = tail_turn(&p, &mut host, 24800);
+        // 24800 + 150 + SEAM > 24960: the whole prompt is counted, and decides.
+        let step = reply(
+            &p,
+            &mut host,
+            &mut y,
+            200,
+            r#"{"count":150,"max_model_len":40960}"#,
+        );
+        assert!(matches!(step, Step::Wait));
+        assert_eq!(host.calls.len(), 3);
+        let whole = call_json(&host, 2);
+        assert_eq!(whole["messages"].as_array().unwrap().len(), 6);
+        assert!(whole.get("tools").is_some());
+        let v = rewritten(reply(
+            &p,
+            &mut host,
+            &mut y,
+            200,
+            r#"{"count":24970,"max_model_len":40960}"#,
+        ));
+        assert_eq!(v["max_tokens"], 40960 - 24970);
+        assert_eq!(header(&y, &p, HEADER_SOURCE).as_deref(), Some("exact"));
+    }
+
+    #[test]
+    fn a_server_that_refuses_a_tail_alone_is_asked_for_whole_counts() {
+        let p = plugin(SKIP);
+        let mut host = FakeHost::default();
+        let (mut y, _) = tail_turn(&p, &mut host, 24800);
+        // The template wants a whole conversation (roles must alternate, ...).
+        let step = reply(&p, &mut host, &mut y, 400, r#"{"error":"secret"}"#);
+        assert!(matches!(step, Step::Wait));
+        assert!(host.has(Metric::Failure(Failure::Status)));
+        assert_eq!(call_json(&host, 2)["messages"].as_array().unwrap().len(), 6);
+        rewritten(reply(
+            &p,
+            &mut host,
+            &mut y,
+            200,
+            r#"{"count":24900,"max_model_len":40960}"#,
+        ));
+        // The next conversation in the same band goes straight to the whole count.
+        let other = session(1, r#","max_tokens":16000"#).replace("fix the bug", "other bug");
+        let (mut x, _) = send(&p, &mut host, "/v1/chat/completions", leak(other.clone()));
+        reply(
+            &p,
+            &mut host,
+            &mut x,
+            200,
+            r#"{"count":24800,"max_model_len":40960}"#,
+        );
+        let calls = host.calls.len();
+        let next = session(2, r#","max_tokens":16000"#).replace("fix the bug", "other bug");
+        let (_, step) = send(&p, &mut host, "/v1/chat/completions", leak(next));
+        assert!(matches!(step, Step::Wait));
+        assert_eq!(host.calls.len(), calls + 1);
+        assert_eq!(
+            call_json(&host, calls)["messages"]
+                .as_array()
+                .unwrap()
+                .len(),
+            6
+        );
+        // A passing failure (a timeout) turns nothing off.
+        let q = plugin_at("w", SKIP);
+        let (mut z, _) = tail_turn(&q, &mut host, 24800);
+        let token = z.pending_token().unwrap();
+        z.on_reply(
+            &q,
+            &mut host,
+            &Answer {
+                token,
+                status: Some(504),
+                size: 0,
+                body: b"",
+            },
+        );
+        assert!(host
+            .get_shared(&bound::tail_off_key(&q.scope, "m"))
+            .is_none());
+    }
+
+    #[test]
+    fn a_tail_with_reasoning_or_gone_with_its_stream_counts_nothing_alone() {
+        let p = plugin(SKIP);
+        let mut host = FakeHost::default();
+        let cap = r#","max_tokens":16000"#;
+        let (mut x, _) = send(&p, &mut host, "/v1/chat/completions", leak(session(1, cap)));
+        reply(
+            &p,
+            &mut host,
+            &mut x,
+            200,
+            r#"{"count":24800,"max_model_len":40960}"#,
+        );
+        // An assistant turn with reasoning may render only in the whole conversation.
+        let thinking = session(2, cap).replacen(
+            r#""content":null,"tool_calls":[{"id":"c1""#,
+            r#""content":null,"reasoning_content":"hmm","tool_calls":[{"id":"c1""#,
+            1,
+        );
+        assert_ne!(thinking, session(2, cap));
+        let (_, step) = send(&p, &mut host, "/v1/chat/completions", leak(thinking));
+        assert!(matches!(step, Step::Wait));
+        assert!(!host.has(Metric::TailCounts));
+        assert_eq!(call_json(&host, 1)["messages"].as_array().unwrap().len(), 6);
+        // A stream gone while its tail is counted leaves no orphan; the late answer is no
+        // one's.
+        let mut host = FakeHost::default();
+        let (mut y, _) = tail_turn(&p, &mut host, 24800);
+        let token = y.pending_token().unwrap();
+        assert!(y.abandon().is_none());
+        let late = br#"{"count":1,"max_model_len":40960}"#;
+        let answer = Answer {
+            token,
+            status: Some(200),
+            size: late.len(),
+            body: late,
+        };
+        assert!(y.on_reply(&p, &mut host, &answer).is_none());
+    }
+
+    #[test]
+    fn anthropic_tails_are_counted_by_the_anthropic_counter() {
+        let p = plugin(SKIP);
+        let mut host = FakeHost::default();
+        let turn = |n: usize| {
+            let mut m = vec![r#"{"role":"user","content":"fix it"}"#.to_string()];
+            for i in 0..n {
+                m.push(format!(r#"{{"role":"assistant","content":[{{"type":"text","text":"reading"}},{{"type":"tool_use","id":"t{i}","name":"read","input":{{"path":"f{i}"}}}}]}}"#));
+                m.push(format!(r#"{{"role":"user","content":[{{"type":"tool_result","tool_use_id":"t{i}","content":"{}"}}]}}"#, "y".repeat(50)));
+            }
+            leak(format!(
+                r#"{{"model":"m","system":"be brief","tools":[{{"name":"read","input_schema":{{}}}}],"tool_choice":{{"type":"auto"}},"max_tokens":16000,"messages":[{}],"stream":true}}"#,
+                m.join(",")
+            ))
+        };
+        let (mut x, _) = send(&p, &mut host, "/v1/messages", turn(1));
+        reply(&p, &mut host, &mut x, 200, r#"{"input_tokens":24850}"#);
+        let (mut y, step) = send(&p, &mut host, "/v1/messages", turn(2));
+        assert!(matches!(step, Step::Wait));
+        assert_eq!(host.calls[1].2.path, "/v1/messages/count_tokens");
+        let tail = call_json(&host, 1);
+        assert_eq!(tail["messages"].as_array().unwrap().len(), 2);
+        assert_eq!(tail["messages"][0]["role"], "assistant");
+        for gone in ["system", "tools", "tool_choice"] {
+            assert!(tail.get(gone).is_none(), "{gone}: {tail}");
+        }
+        assert_eq!(tail["model"], "m");
+        assert_eq!(tail["max_tokens"], 16000);
+        assert_eq!(tail["stream"], true);
+        reply(&p, &mut host, &mut y, 200, r#"{"input_tokens":60}"#);
+        assert_eq!(action(&y, &p), "unchanged:fits");
+        let p_hi = 24850 + 60 + bound::SEAM;
+        assert_eq!(header(&y, &p, HEADER_PROMPT), Some(p_hi.to_string()));
     }
 
     #[test]

@@ -61,6 +61,7 @@ struct Counters {
     count_skipped: Option<u32>,
     bound_checks: Option<u32>,
     bound_violations: Option<u32>,
+    tail_counts: Option<u32>,
     translated: Option<u32>,
     window_stop: Option<u32>,
     unchanged: Vec<Option<u32>>,
@@ -87,6 +88,7 @@ impl Counters {
             count_skipped: counter("count_skipped"),
             bound_checks: counter("bound_checks"),
             bound_violations: counter("bound_violations"),
+            tail_counts: counter("tail_counts"),
             translated: counter("translated"),
             window_stop: counter("window_stop"),
             unchanged: Reason::ALL
@@ -117,6 +119,7 @@ impl Counters {
             Metric::CountSkipped => self.count_skipped,
             Metric::BoundChecks => self.bound_checks,
             Metric::BoundViolations => self.bound_violations,
+            Metric::TailCounts => self.tail_counts,
         };
         if let Some(id) = id {
             let _ = proxy.increment_metric(id, 1);

@@ -720,6 +720,69 @@ fn a_skipped_request_is_counted_when_its_stream_ends_and_checked_after_it_is_gon
     assert_eq!(vm.filter.held(), (0, 0, 0));
 }
 
+#[test]
+fn a_tail_count_resumes_the_request_unchanged_or_hands_over_to_the_whole_count() {
+    let mut vm = Vm::new();
+    let (root, ok) = vm.root_with(
+        r#"{"tokenizer":{"cluster":"vllm"},"context_length":4096,"min_output_tokens":64,"fallback_margin_tokens":32,"skip_count":true}"#,
+    );
+    assert!(ok);
+    let first = |who: &str| {
+        format!(
+            r#"{{"model":"m","messages":[{{"role":"user","content":"{who}"}}],"max_tokens":3000}}"#
+        )
+    };
+    let grown = |who: &str| {
+        format!(
+            r#"{{"model":"m","messages":[{{"role":"user","content":"{who}"}},{{"role":"assistant","content":"yo"}},{{"role":"user","content":"more"}}],"max_tokens":3000}}"#
+        )
+    };
+    // Anchored 1040 tokens: the new messages' bytes do not prove 3000 fit 4096, their count may.
+    for (who, tail, whole) in [("a", 10, None), ("b", 50, Some(1080))] {
+        let (s1, _) = vm.send(root, &first(who));
+        vm.answer(root, vm.last_token(), 200, &count(1040));
+        vm.delete(s1);
+        let body = grown(who);
+        let (s2, step) = vm.send(root, &body);
+        assert_eq!(step, PAUSE, "held while the tail is counted");
+        let calls = vm.host.calls();
+        assert_eq!(calls.last().map(|c| c.2.as_str()), Some("/tokenize"));
+        assert_eq!(vm.filter.held(), (1, 1, 0));
+        let events = vm.host.events.len();
+        vm.answer(root, vm.last_token(), 200, &count(tail));
+        match whole {
+            None => {
+                // 1040 + 10 + SEAM fits: resumed as it came, no further call.
+                assert_eq!(
+                    vm.host.events[events..],
+                    [crate::tests::Event::Resume { context: s2 }]
+                );
+                assert_eq!(vm.host.request_body[&s2], body.as_bytes());
+                assert_eq!(vm.filter.held(), (1, 0, 0));
+                // Checked once its stream ended, like any skipped request.
+                vm.delete(s2);
+                assert_eq!(vm.filter.held(), (0, 0, 1));
+                vm.answer(root, vm.last_token(), 200, &count(1060));
+                assert_eq!(vm.filter.held(), (0, 0, 0));
+                continue;
+            }
+            Some(n) => {
+                // The whole count follows, with its own token, and decides.
+                let next = vm.host.calls();
+                assert_eq!(next.len(), calls.len() + 1);
+                assert_eq!(vm.filter.held(), (1, 1, 0));
+                vm.answer(root, vm.last_token(), 200, &count(n));
+                assert_eq!(vm.body_of(s2)["max_tokens"], 3000);
+                assert_eq!(vm.filter.held(), (1, 0, 0));
+            }
+        }
+        vm.delete(s2);
+    }
+    assert_eq!(vm.host.metric("incontext_tail_counts"), 2);
+    assert_eq!(vm.host.metric("incontext_count_skipped"), 1);
+    assert_eq!(vm.host.metric("incontext_bound_violations"), 0);
+}
+
 impl Vm {
     /// The upstream answers `stream` with this head and body in these chunks, as Envoy
     /// delivers them (it keeps what the filter buffers and hands over the total); what the

@@ -105,6 +105,21 @@ pub fn count_call(config: &Config, req: &Request, body: &[u8]) -> Option<Call> {
     }
 }
 
+/// The call that counts a conversation's tail alone (docs/spec.md §15): the messages after
+/// its counted prefix, `messages` (a JSON array of them), as a conversation of their own.
+/// Only vLLM's counters: the skip is vLLM's only.
+pub fn tail_call(config: &Config, req: &Request, body: &[u8], messages: &[u8]) -> Option<Call> {
+    match (config.tokenizer.backend, req.form) {
+        (Backend::Vllm, Form::Chat) => vllm::tail_call(&config.tokenizer, req, body, messages),
+        (Backend::Vllm, Form::Messages) => Some(post(
+            MESSAGES_COUNT_PATH,
+            crate::dialect::messages::tail_body(req, body, messages)?,
+            CallKind::InputTokens,
+        )),
+        _ => None,
+    }
+}
+
 /// The call that reports the window C, for a count that does not.
 pub fn window_call(config: &Config) -> Call {
     match config.tokenizer.backend {

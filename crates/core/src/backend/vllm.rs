@@ -25,6 +25,21 @@ pub(super) fn count_call(t: &TokenizerConfig, req: &Request, body: &[u8]) -> Opt
     }
 }
 
+/// The count of a chat conversation's tail alone: `/tokenize` of those messages.
+pub(super) fn tail_call(
+    t: &TokenizerConfig,
+    req: &Request,
+    body: &[u8],
+    messages: &[u8],
+) -> Option<Call> {
+    let messages = std::str::from_utf8(messages).ok()?;
+    Some(post(
+        &t.path,
+        crate::dialect::chat::tail_payload(req, body, messages)?,
+        CallKind::Tokenize,
+    ))
+}
+
 pub(super) fn window_call() -> Call {
     get(MODELS_PATH, CallKind::Models)
 }

@@ -278,20 +278,29 @@ fn write_template_kwargs(req: &Request, body: &[u8], out: &mut Vec<u8>) -> Optio
 /// expected form.
 pub fn payload(req: &Request, body: &[u8]) -> Option<Vec<u8>> {
     let f = &req.fields;
-    let mut out = Vec::with_capacity(
-        req.raw_bytes(body, f.messages)
-            .map_or(64, |m| m.len() + 256),
-    );
+    let tools = req
+        .raw(body, f.tools)
+        .filter(|t| t.starts_with('[') && !req.omit_tools);
+    payload_of(req, body, req.raw(body, f.messages)?, tools)
+}
+
+/// The `/tokenize` payload of the messages after a conversation's counted prefix (its tail,
+/// `messages`: a JSON array of them) as a conversation of their own, without the tools
+/// (docs/spec.md §15): everything else that shapes the template's output stays.
+pub fn tail_payload(req: &Request, body: &[u8], messages: &str) -> Option<Vec<u8>> {
+    payload_of(req, body, messages, None)
+}
+
+fn payload_of(req: &Request, body: &[u8], messages: &str, tools: Option<&str>) -> Option<Vec<u8>> {
+    let f = &req.fields;
+    let mut out = Vec::with_capacity(messages.len() + 256);
     out.push(b'{');
     write_field(&mut out, "model", req.raw(body, f.model))?;
     if out.len() > 1 {
         out.push(b',');
     }
     out.extend_from_slice(b"\"messages\":");
-    write_messages(req.raw(body, f.messages)?, &mut out)?;
-    let tools = req
-        .raw(body, f.tools)
-        .filter(|t| t.starts_with('[') && !req.omit_tools);
+    write_messages(messages, &mut out)?;
     write_field(&mut out, "tools", tools)?;
     let agp = req.raw(body, f.add_generation_prompt).or(Some("true"));
     write_field(&mut out, "add_generation_prompt", agp)?;
@@ -316,6 +325,20 @@ pub fn payload(req: &Request, body: &[u8]) -> Option<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_tail_payload_has_the_tail_and_no_tools() {
+        use crate::config::Config;
+        use crate::request::analyze;
+        let config = Config::parse(br#"{"tokenizer":{"cluster":"v"}}"#).unwrap();
+        let body = r#"{"model":"m","messages":[{"role":"user","content":"a"}],"tools":[{"type":"function","function":{"name":"f"}}],"chat_template_kwargs":{"enable_thinking":false},"max_tokens":9}"#;
+        let req = analyze(body.as_bytes(), &config).unwrap();
+        let tail = r#"[{"role":"assistant","reasoning_content":"r","content":"b"}]"#;
+        assert_eq!(
+            String::from_utf8(tail_payload(&req, body.as_bytes(), tail).unwrap()).unwrap(),
+            r#"{"model":"m","messages":[{"role":"assistant","reasoning":"r","content":"b"}],"add_generation_prompt":true,"chat_template_kwargs":{"enable_thinking":false}}"#
+        );
+    }
 
     #[test]
     fn escaped_spellings_are_seen() {

@@ -27,6 +27,28 @@ pub fn estimate(req: &Request, body: &[u8]) -> Option<u64> {
     Some(rough(&parts))
 }
 
+/// The members a tail's count leaves out: the system prompt and the tools render before the
+/// first message, which the prefix's count holds already.
+fn outside_tail(key: &str) -> bool {
+    matches!(key, "messages" | "system" | "tools" | "tool_choice")
+}
+
+/// The counter's body for the messages after a conversation's counted prefix (its tail,
+/// `messages`: a JSON array of them) as a conversation of their own (docs/spec.md §15): the
+/// request's other members as they came, without the system prompt and the tools.
+pub fn tail_body(req: &Request, body: &[u8], messages: &[u8]) -> Option<Vec<u8>> {
+    let mut out = Vec::with_capacity(messages.len() + 256);
+    out.push(b'{');
+    for m in req.members.iter().filter(|m| !outside_tail(&m.key)) {
+        out.extend_from_slice(body.get(m.key_start..m.value.end)?);
+        out.push(b',');
+    }
+    out.extend_from_slice(b"\"messages\":");
+    out.extend_from_slice(messages);
+    out.push(b'}');
+    Some(out)
+}
+
 /// Anthropic's smallest extended-thinking budget.
 pub const MIN_THINKING_BUDGET: u64 = 1024;
 
@@ -85,4 +107,25 @@ pub fn reject_body(window: u64, prompt: u64, required: u64) -> Vec<u8> {
         r#"{{"type":"error","error":{{"type":"invalid_request_error","message":"prompt is too long: {prompt} tokens > {maximum} maximum"}}}}"#
     )
     .into_bytes()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+    use crate::dialect::Endpoint;
+    use crate::request::analyze_at;
+
+    #[test]
+    fn a_tail_body_keeps_all_but_what_renders_before_the_first_message() {
+        let config = Config::parse(br#"{"tokenizer":{"cluster":"v"}}"#).unwrap();
+        let body = br#"{"model":"m","system":[{"type":"text","text":"s"}],"tools":[{"name":"f","input_schema":{}}],"tool_choice":{"type":"auto"},"messages":[{"role":"user","content":"a"}],"max_tokens":10,"thinking":{"type":"disabled"}}"#;
+        let req = analyze_at(body, &config, Endpoint::Messages).unwrap();
+        let tail = br#"[{"role":"assistant","content":"b"}]"#;
+        let out = tail_body(&req, body, tail).unwrap();
+        assert_eq!(
+            std::str::from_utf8(&out).unwrap(),
+            r#"{"model":"m","max_tokens":10,"thinking":{"type":"disabled"},"messages":[{"role":"assistant","content":"b"}]}"#
+        );
+    }
 }

@@ -5,6 +5,7 @@ bound turns skipping off for the route."""
 import time
 
 from tests.e2e.common import C, assert_rewritten, assert_unchanged, cfg, chat, nonce
+from tests.harness.upstream import ok
 
 SKIP = cfg(skip_count=True)
 
@@ -105,3 +106,67 @@ def test_off_by_default_and_edited_history_counts(proxy_for, upstream):
     res = skip.post(t2)
     assert len(res.tokenize) == 1, res.describe()
     assert_rewritten(res, 1000)
+
+
+def tail_count(anchor, tail):
+    """A tokenizer that counts a whole conversation (it has the system prompt) as ``anchor``
+    and the new messages alone as ``tail``."""
+    def behaviour(rec):
+        messages = rec.json().get("messages", [])
+        whole = any(m.get("role") == "system" for m in messages)
+        return ok(anchor if whole else tail)
+    return behaviour
+
+
+def test_the_new_messages_counted_alone_prove_what_their_bytes_do_not(proxy_for, upstream):
+    proxy = proxy_for(SKIP, fresh=True)
+    # W − B leaves 300 tokens after the first turn's 1000: a tool round's bytes (≈ 400) do not
+    # prove the second turn fits, a quarter of them may.
+    t1, t2, _ = turns(3, C - 1300)
+    upstream.tokenizer.count(1000)
+    assert_rewritten(proxy.post(t1), 1000)
+    upstream.tokenizer.respond(tail_count(1000, 50))
+    second = proxy.post(t2)
+    assert_unchanged(second, "fits")
+    assert second.source == "bound", second.describe()
+    assert int(second.h("x-incontext-prompt-tokens")) == 1000 + 50 + 16, second.describe()
+    # One call before the request went upstream: the two new messages, without the tools.
+    before = [t for t in second.tokenize if t.at < second.one.at]
+    assert len(before) == 1, second.describe()
+    tail = before[0].json()
+    assert [m["role"] for m in tail["messages"]] == ["assistant", "tool"], tail
+    assert "tools" not in tail and tail["add_generation_prompt"] is True, tail
+    wait_for_calls(upstream, 3)  # the first turn's count, the tail's, the check's
+    counters = proxy.envoy.counters()
+    assert counters.get("incontext_tail_counts") == 1, counters
+    assert counters.get("incontext_count_skipped") == 1, counters
+    assert counters.get("incontext_count_calls") == 1, counters
+    assert counters.get("incontext_bound_violations", 0) == 0, counters
+
+
+def test_a_tail_the_tokenizer_refuses_is_counted_whole_from_then_on(proxy_for, upstream):
+    proxy = proxy_for(SKIP, fresh=True)
+    t1, t2, t3 = turns(3, C - 1300)
+    upstream.tokenizer.count(1000)
+    assert_rewritten(proxy.post(t1), 1000)
+
+    def refuse_tails(rec):
+        if any(m.get("role") == "system" for m in rec.json().get("messages", [])):
+            return ok(1000)
+        return ("raw", 400, b'{"error":"roles must alternate: secret-canary"}', "application/json")
+    upstream.tokenizer.respond(refuse_tails)
+    second = proxy.post(t2)
+    assert_rewritten(second, 1000)
+    assert len(second.tokenize) == 2, second.describe()   # the tail's, then the whole's
+    counters = proxy.envoy.counters()
+    assert counters.get("incontext_tokenizer_failures_status") == 1, counters
+    # The third turn goes straight to the whole count.
+    third = proxy.post(t3)
+    assert len(third.tokenize) == 1, third.describe()
+    assert_rewritten(third, 1000)
+    assert proxy.envoy.counters().get("incontext_tail_counts") == 1
+    deadline = time.monotonic() + 10
+    while "did not count a conversation's new messages alone" not in proxy.envoy.log_text():
+        assert time.monotonic() < deadline, proxy.envoy.log_tail()
+        time.sleep(0.1)
+    assert "secret-canary" not in proxy.envoy.log_text()

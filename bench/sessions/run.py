@@ -200,6 +200,7 @@ def replay(args, dialect, pid, seed):
             if name in ("direct", "envoy"):
                 sent["max_tokens"] = want
             settle(pid, args.settle)
+            tails0 = stats(args.skip_admin).get("incontext_tail_counts", 0) if name == "skip" else 0
             cpu0 = cpu_s(pid)
             ttft, headers = first_token(ports[name], path, sent)
             settle(pid, args.settle)  # the server aborts the stream; an off-path count ends
@@ -217,6 +218,9 @@ def replay(args, dialect, pid, seed):
             row[f"source_{name}"] = headers.get("x-incontext-source")
             row[f"action_{name}"] = headers.get("x-incontext-action")
             row[f"phi_{name}"] = int(headers.get("x-incontext-prompt-tokens", "0"))
+            if name == "skip":
+                # A count of the turn's new messages alone was made on its path.
+                row["tail_skip"] = stats(args.skip_admin).get("incontext_tail_counts", 0) > tails0
         print(json.dumps(row), flush=True)
         rows.append(row)
     return rows
@@ -231,6 +235,7 @@ def summary(rows):
     long = [r for r in rows if r["P"] >= 8000]
     long_fits = [r for r in fits if r["P"] >= 8000]
     long_skipped = [r for r in long_fits if r["source_skip"] == "bound"]
+    long_tailed = [r for r in long_fits if r.get("tail_skip")]
 
     def ratio(rs, name):
         return median([r[f"ttft_{name}"] / r["ttft_direct"] for r in rs])
@@ -247,6 +252,12 @@ def summary(rows):
         "P": (min(r["P"] for r in rows), max(r["P"] for r in rows)),
         "fits": len(fits),
         "skipped_fits": sum(1 for r in fits if r["source_skip"] == "bound"),
+        "nocall_fits": sum(1 for r in fits if r["source_skip"] == "bound" and not r.get("tail_skip")),
+        "tail_fits": sum(1 for r in fits if r.get("tail_skip")),
+        "tail_turns": sum(1 for r in rows if r.get("tail_skip")),
+        "n_long_tailed": len(long_tailed),
+        "ratio_skip_long_tailed": ratio(long_tailed, "skip"),
+        "ratio_envoy_long_tailed": ratio(long_tailed, "envoy"),
         "calls_count": calls(rows, "count"),
         "calls_skip": calls(rows, "skip"),
         "ok": all(r["ok_count"] and r["ok_skip"] for r in rows),
@@ -281,19 +292,23 @@ def markdown(all_rows, sums, env, hist, sessions_per):
            f"prefix caching on), B = {B} (`max_tokens` of every turn), R = {R}; streamed; "
            "each path its own conversation and prefix cache; `envoy`: the same Envoy without the "
            "filter; `count`: incontext counting every "
-           "turn on the request's path; `skip`: with `skip_count: true`. Each turn waits until "
+           "turn on the request's path; `skip`: with `skip_count: true` (no count where the "
+           "bytes of a turn's new messages prove its cap fits; where they do not, those messages "
+           "counted alone, `(tail)`, before the whole prompt). Each turn waits until "
            "vLLM is idle before it is sent. Sessions per dialect: " + str(sessions_per) + ".", "",
            "| session | turns (sessions) | P | turns with W − P ≥ B | of those, no count call (skip) "
-           "| count calls on the path: count / skip | median TTFT ratio, P ≥ 8000 and W − P ≥ B: "
+           "| of those, only their new messages counted (skip) "
+           "| whole-prompt counts on the path: count / skip | median TTFT ratio, P ≥ 8000 and W − P ≥ B: "
            "envoy / count / skip | median TTFT ratio, P ≥ 8000: envoy / count / skip "
            "| median added ms, P ≥ 8000: envoy / count / skip | outcome = exact-count outcome |",
-           "|---|--:|--:|--:|--:|--:|--:|--:|--:|---|"]
+           "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|"]
     for dialect, s in sums.items():
         name = {"openai": "OpenAI chat with tools",
                 "anthropic": "Anthropic Messages, tool_use / tool_result"}[dialect]
         out.append(
             f"| {name} | {s['turns']} ({s['sessions']}) | {s['P'][0]}–{s['P'][1]} | {s['fits']} | "
-            f"{s['skipped_fits']} ({100 * s['skipped_fits'] / max(1, s['fits']):.0f} %) | "
+            f"{s['nocall_fits']} ({100 * s['nocall_fits'] / max(1, s['fits']):.0f} %) | "
+            f"{s['tail_fits']} ({100 * s['tail_fits'] / max(1, s['fits']):.0f} %) | "
             f"{s['calls_count']} / {s['calls_skip']} | "
             f"{s['ratio_envoy_long_fits']:.3f} / {s['ratio_count_long_fits']:.3f} / "
             f"{s['ratio_skip_long_fits']:.3f} ({s['n_long_fits']} turns) | "
@@ -307,6 +322,10 @@ def markdown(all_rows, sums, env, hist, sessions_per):
                 f"{d}: {s['ratio_envoy_long_skipped']:.3f} / {s['ratio_count_long_skipped']:.3f} / "
                 f"{s['ratio_skip_long_skipped']:.3f} ({s['n_long_skipped']} turns)"
                 for d, s in sums.items()) + "."]
+    out += ["", "Over the turns whose cap a count of their new messages alone proved (P ≥ 8000), "
+            "median TTFT ratio envoy / skip: " + "; ".join(
+                f"{d}: {s['ratio_envoy_long_tailed']:.3f} / {s['ratio_skip_long_tailed']:.3f} "
+                f"({s['n_long_tailed']} turns)" for d, s in sums.items()) + "."]
     out += ["", "vLLM's own count of these conversations (the bench's exact count, straight to "
             "the server): " + "; ".join(
                 f"{d}: median {s['count_ms_median']:.0f} ms, up to {s['count_ms_max']:.0f} ms"
@@ -326,7 +345,8 @@ def markdown(all_rows, sums, env, hist, sessions_per):
     for r in all_rows:
         out.append(f"| {r['dialect']} {r['session']} | {r['turn']} | {r['P']} | {r['ttft_direct']:.0f} | "
                    f"{r['ttft_envoy']:.0f} | "
-                   f"{r['ttft_count']:.0f} | {r['ttft_skip']:.0f} | {r['source_skip']} "
+                   f"{r['ttft_count']:.0f} | {r['ttft_skip']:.0f} | {r['source_skip']}"
+                   f"{' (tail)' if r.get('tail_skip') else ''} "
                    f"{r['phi_skip']} | {r['count_ms']:.0f} |")
     return "\n".join(out) + "\n"
 

@@ -920,11 +920,7 @@ impl Exchange {
                 kind,
                 pending,
             } if token == answer.token => {
-                if let (Some(sent), Some(now)) = (pending.sent_ms, host.now_ms()) {
-                    host.record(Histogram::CountMs, now.saturating_sub(sent));
-                }
-                let counted =
-                    answer.read(|b| backend::parse_count(&plugin.config, kind, answer.status, b));
+                let counted = on_path_count(plugin, host, &pending, kind, answer);
                 if let Some(e) = refusal(plugin, answer, &counted) {
                     return Some(Answered::TooLong(pending, e));
                 }
@@ -946,11 +942,7 @@ impl Exchange {
                 pending,
                 proof,
             } if token == answer.token => {
-                if let (Some(sent), Some(now)) = (pending.sent_ms, host.now_ms()) {
-                    host.record(Histogram::CountMs, now.saturating_sub(sent));
-                }
-                let counted =
-                    answer.read(|b| backend::parse_count(&plugin.config, kind, answer.status, b));
+                let counted = on_path_count(plugin, host, &pending, kind, answer);
                 Some(Answered::Tail(pending, proof, counted))
             }
             other => {
@@ -1541,6 +1533,20 @@ fn learn_refused(plugin: &Plugin, host: &mut dyn Host, model: &str, e: &WindowEr
     }
 }
 
+/// The answer to a count call on a request's path, read; its duration recorded.
+fn on_path_count(
+    plugin: &Plugin,
+    host: &mut dyn Host,
+    pending: &Pending,
+    kind: CallKind,
+    answer: &Answer,
+) -> Result<Counted, Failure> {
+    if let (Some(sent), Some(now)) = (pending.sent_ms, host.now_ms()) {
+        host.record(Histogram::CountMs, now.saturating_sub(sent));
+    }
+    answer.read(|b| backend::parse_count(&plugin.config, kind, answer.status, b))
+}
+
 /// What an answer was for.
 enum Answered {
     Window(Box<Pending>),
@@ -1758,6 +1764,20 @@ mod tests {
         )
     }
 
+    /// An Anthropic conversation of `turns` tool rounds after a question, streamed, with the
+    /// top-level members `members` (a cap among them) besides the system prompt.
+    fn anthropic_session(turns: usize, members: &str) -> &'static str {
+        let mut m = vec![r#"{"role":"user","content":"fix it"}"#.to_string()];
+        for i in 0..turns {
+            m.push(format!(r#"{{"role":"assistant","content":[{{"type":"text","text":"reading"}},{{"type":"tool_use","id":"t{i}","name":"read","input":{{"path":"f{i}"}}}}]}}"#));
+            m.push(format!(r#"{{"role":"user","content":[{{"type":"tool_result","tool_use_id":"t{i}","content":"{}"}}]}}"#, "y".repeat(50)));
+        }
+        leak(format!(
+            r#"{{"model":"m","system":"be brief",{members},"messages":[{}],"stream":true}}"#,
+            m.join(",")
+        ))
+    }
+
     fn leak(s: String) -> &'static str {
         Box::leak(s.into_boxed_str())
     }
@@ -1785,19 +1805,20 @@ mod tests {
 
     const SKIP: &str = r#","context_length":40960,"skip_count":true"#;
 
+    /// The first turn of `session` (one tool round, cap 16000), counted as `tokens`.
+    fn anchor(p: &Plugin, host: &mut FakeHost, tokens: u64) {
+        let cap = r#","max_tokens":16000"#;
+        let (mut x, _) = send(p, host, "/v1/chat/completions", leak(session(1, cap)));
+        let answer = format!(r#"{{"count":{tokens},"max_model_len":40960}}"#);
+        reply(p, host, &mut x, 200, &answer);
+    }
+
     #[test]
     fn a_grown_conversation_whose_cap_fits_skips_the_count_and_is_checked_after() {
         let p = plugin(SKIP);
         let mut host = FakeHost::default();
         let cap = r#","max_tokens":16000"#;
-        let (mut x, _) = send(&p, &mut host, "/v1/chat/completions", leak(session(1, cap)));
-        reply(
-            &p,
-            &mut host,
-            &mut x,
-            200,
-            r#"{"count":900,"max_model_len":40960}"#,
-        );
+        anchor(&p, &mut host, 900);
         assert_eq!(host.calls.len(), 1);
 
         let body = leak(session(2, cap));
@@ -1835,14 +1856,7 @@ mod tests {
         let p = plugin(SKIP);
         let mut host = FakeHost::default();
         let cap = r#","max_tokens":16000"#;
-        let (mut x, _) = send(&p, &mut host, "/v1/chat/completions", leak(session(1, cap)));
-        reply(
-            &p,
-            &mut host,
-            &mut x,
-            200,
-            r#"{"count":24900,"max_model_len":40960}"#,
-        );
+        anchor(&p, &mut host, 24900);
         let (mut y, step) = send(&p, &mut host, "/v1/chat/completions", leak(session(2, cap)));
         assert!(
             matches!(step, Step::Wait),
@@ -1866,12 +1880,10 @@ mod tests {
         serde_json::from_slice(host.calls[i].2.body.as_deref().unwrap()).unwrap()
     }
 
-    /// A conversation anchored at `anchor` tokens after one tool round, and its next turn sent.
-    fn tail_turn(p: &Plugin, host: &mut FakeHost, anchor: u64) -> (Exchange, Step) {
+    /// A conversation anchored at `tokens` after one tool round, and its next turn sent.
+    fn tail_turn(p: &Plugin, host: &mut FakeHost, tokens: u64) -> (Exchange, Step) {
+        anchor(p, host, tokens);
         let cap = r#","max_tokens":16000"#;
-        let (mut x, _) = send(p, host, "/v1/chat/completions", leak(session(1, cap)));
-        let answer = format!(r#"{{"count":{anchor},"max_model_len":40960}}"#);
-        reply(p, host, &mut x, 200, &answer);
         send(p, host, "/v1/chat/completions", leak(session(2, cap)))
     }
 
@@ -2017,14 +2029,7 @@ mod tests {
         let p = plugin(SKIP);
         let mut host = FakeHost::default();
         let cap = r#","max_tokens":16000"#;
-        let (mut x, _) = send(&p, &mut host, "/v1/chat/completions", leak(session(1, cap)));
-        reply(
-            &p,
-            &mut host,
-            &mut x,
-            200,
-            r#"{"count":24800,"max_model_len":40960}"#,
-        );
+        anchor(&p, &mut host, 24800);
         // An assistant turn with reasoning may render only in the whole conversation.
         let thinking = session(2, cap).replacen(
             r#""content":null,"tool_calls":[{"id":"c1""#,
@@ -2057,15 +2062,10 @@ mod tests {
         let p = plugin(SKIP);
         let mut host = FakeHost::default();
         let turn = |n: usize| {
-            let mut m = vec![r#"{"role":"user","content":"fix it"}"#.to_string()];
-            for i in 0..n {
-                m.push(format!(r#"{{"role":"assistant","content":[{{"type":"text","text":"reading"}},{{"type":"tool_use","id":"t{i}","name":"read","input":{{"path":"f{i}"}}}}]}}"#));
-                m.push(format!(r#"{{"role":"user","content":[{{"type":"tool_result","tool_use_id":"t{i}","content":"{}"}}]}}"#, "y".repeat(50)));
-            }
-            leak(format!(
-                r#"{{"model":"m","system":"be brief","tools":[{{"name":"read","input_schema":{{}}}}],"tool_choice":{{"type":"auto"}},"max_tokens":16000,"messages":[{}],"stream":true}}"#,
-                m.join(",")
-            ))
+            anthropic_session(
+                n,
+                r#""tools":[{"name":"read","input_schema":{}}],"tool_choice":{"type":"auto"},"max_tokens":16000"#,
+            )
         };
         let (mut x, _) = send(&p, &mut host, "/v1/messages", turn(1));
         reply(&p, &mut host, &mut x, 200, r#"{"input_tokens":24850}"#);
@@ -2207,17 +2207,7 @@ mod tests {
     fn anthropic_turns_skip_too() {
         let p = plugin(SKIP);
         let mut host = FakeHost::default();
-        let turn = |n: usize| {
-            let mut m = vec![r#"{"role":"user","content":"fix it"}"#.to_string()];
-            for i in 0..n {
-                m.push(format!(r#"{{"role":"assistant","content":[{{"type":"text","text":"reading"}},{{"type":"tool_use","id":"t{i}","name":"read","input":{{"path":"f{i}"}}}}]}}"#));
-                m.push(format!(r#"{{"role":"user","content":[{{"type":"tool_result","tool_use_id":"t{i}","content":"{}"}}]}}"#, "y".repeat(50)));
-            }
-            leak(format!(
-                r#"{{"model":"m","system":"be brief","max_tokens":32000,"messages":[{}],"stream":true}}"#,
-                m.join(",")
-            ))
-        };
+        let turn = |n: usize| anthropic_session(n, r#""max_tokens":32000"#);
         let (mut x, _) = send(&p, &mut host, "/v1/messages", turn(1));
         reply(&p, &mut host, &mut x, 200, r#"{"input_tokens":300}"#);
         let (mut y, step) = send(&p, &mut host, "/v1/messages", turn(2));
@@ -2252,14 +2242,7 @@ mod tests {
         let other = plugin_at("w", SKIP);
         let mut host = FakeHost::default();
         let cap = r#","max_tokens":16000"#;
-        let (mut x, _) = send(&p, &mut host, "/v1/chat/completions", leak(session(1, cap)));
-        reply(
-            &p,
-            &mut host,
-            &mut x,
-            200,
-            r#"{"count":900,"max_model_len":40960}"#,
-        );
+        anchor(&p, &mut host, 900);
         let (mut o, _) = send(
             &other,
             &mut host,

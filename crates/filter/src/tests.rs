@@ -254,6 +254,7 @@ struct Vm {
 }
 
 const CONFIG: &str = r#"{"tokenizer":{"cluster":"vllm"},"context_length":4096,"min_output_tokens":64,"fallback_margin_tokens":32}"#;
+const SKIP: &str = r#"{"tokenizer":{"cluster":"vllm"},"context_length":4096,"min_output_tokens":64,"fallback_margin_tokens":32,"skip_count":true}"#;
 const CHAT: &str =
     r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":100000}"#;
 
@@ -685,9 +686,7 @@ fn the_memory_gauge_adds_this_vms_change() {
 #[test]
 fn a_skipped_request_is_counted_when_its_stream_ends_and_checked_after_it_is_gone() {
     let mut vm = Vm::new();
-    let (root, ok) = vm.root_with(
-        r#"{"tokenizer":{"cluster":"vllm"},"context_length":4096,"min_output_tokens":64,"fallback_margin_tokens":32,"skip_count":true}"#,
-    );
+    let (root, ok) = vm.root_with(SKIP);
     assert!(ok);
     let first = r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":100}"#;
     let grown = r#"{"model":"m","messages":[{"role":"user","content":"hi"},{"role":"assistant","content":"yo"},{"role":"user","content":"more"}],"max_tokens":100}"#;
@@ -723,9 +722,7 @@ fn a_skipped_request_is_counted_when_its_stream_ends_and_checked_after_it_is_gon
 #[test]
 fn a_tail_count_resumes_the_request_unchanged_or_hands_over_to_the_whole_count() {
     let mut vm = Vm::new();
-    let (root, ok) = vm.root_with(
-        r#"{"tokenizer":{"cluster":"vllm"},"context_length":4096,"min_output_tokens":64,"fallback_margin_tokens":32,"skip_count":true}"#,
-    );
+    let (root, ok) = vm.root_with(SKIP);
     assert!(ok);
     let first = |who: &str| {
         format!(

@@ -392,34 +392,43 @@ fn restyled(body: &[u8], chain: &Chain, k: usize) -> Option<u64> {
     Some(total)
 }
 
-/// What counting the messages after the first `k` alone would bound the prompt with: the
-/// tail's raw ranges, and `count(prefix) + SEAM + RESTYLE·k_r` to which its count adds.
-/// `None` where the tail may not be counted alone: it is empty, the bound cannot see through
-/// one of its messages, or an assistant message of it carries reasoning.
-pub fn tail<'c>(
+/// What the messages after the first `k` bound the prompt by, given the exact count (or
+/// bound) `prefix_tokens` of those `k`: P_hi from their bytes, and the tail to count alone
+/// where that may prove more. `None` where the bound's assumptions do not hold.
+pub fn bounds<'c>(
     form: Form,
     body: &[u8],
     chain: &'c Chain,
     k: usize,
     prefix_tokens: u64,
-) -> Option<Tail<'c>> {
-    let items = chain.items.get(k..).filter(|t| !t.is_empty())?;
+) -> Option<Bounds<'c>> {
+    let restyled = restyled(body, chain, k)?;
+    let items = chain.items.get(k..)?;
+    let mut p_hi = prefix_tokens.checked_add(TAIL)?.checked_add(restyled)?;
     let mut bytes: u64 = 0;
+    let mut alone = !items.is_empty();
     for r in items {
         let raw = body.get(r.clone())?;
-        message_bound(form, raw)?;
-        if restyles(raw) && role_is(raw, "assistant") {
-            return None;
-        }
+        p_hi = p_hi.checked_add(message_bound(form, raw)?)?;
         bytes = bytes.checked_add(raw.len() as u64)?;
+        alone = alone && !(restyles(raw) && role_is(raw, "assistant"));
     }
-    let base = prefix_tokens
-        .checked_add(SEAM)?
-        .checked_add(restyled(body, chain, k)?)?;
-    Some(Tail { items, base, bytes })
+    let base = prefix_tokens.checked_add(SEAM)?.checked_add(restyled)?;
+    let tail = alone.then_some(Tail { items, base, bytes });
+    Some(Bounds { p_hi, tail })
 }
 
-/// A tail to count alone (see [`tail`]).
+/// See [`bounds`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Bounds<'c> {
+    /// P_hi from the bytes of the messages after the prefix.
+    pub p_hi: u64,
+    /// Those messages, to count alone; `None` where they may not be counted alone: there are
+    /// none, or an assistant message of them carries reasoning.
+    pub tail: Option<Tail<'c>>,
+}
+
+/// A tail to count alone (see [`bounds`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Tail<'c> {
     /// The tail's messages, as raw ranges of the body.
@@ -464,23 +473,6 @@ pub fn tail_array(body: &[u8], items: &[Range<usize>]) -> Option<Vec<u8>> {
     Some(out)
 }
 
-/// P_hi for `chain` given the exact count (or bound) `prefix_tokens` of its first `k` messages.
-pub fn upper_bound(
-    form: Form,
-    body: &[u8],
-    chain: &Chain,
-    k: usize,
-    prefix_tokens: u64,
-) -> Option<u64> {
-    let mut total = prefix_tokens
-        .checked_add(TAIL)?
-        .checked_add(restyled(body, chain, k)?)?;
-    for r in chain.items.get(k..)? {
-        total = total.checked_add(message_bound(form, body.get(r.clone())?)?)?;
-    }
-    Some(total)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -495,6 +487,14 @@ mod tests {
     fn chain_of(body: &str, endpoint: Endpoint, scope: &str) -> Chain {
         let req = analyze_at(body.as_bytes(), &config(), endpoint).unwrap();
         chain(&req, body.as_bytes(), scope, Some(40960)).unwrap()
+    }
+
+    fn upper_bound(form: Form, body: &[u8], chain: &Chain, k: usize, p: u64) -> Option<u64> {
+        bounds(form, body, chain, k, p).map(|b| b.p_hi)
+    }
+
+    fn tail<'c>(form: Form, body: &[u8], chain: &'c Chain, k: usize, p: u64) -> Option<Tail<'c>> {
+        bounds(form, body, chain, k, p)?.tail
     }
 
     const A: &str = r#"{"model":"m","messages":[{"role":"system","content":"s"},{"role":"user","content":"hi"}],"tools":[],"max_tokens":10}"#;

@@ -713,12 +713,11 @@ impl Exchange {
                 continue;
             };
             let body = &pending.body;
-            if let Some(p_hi) = bound::upper_bound(req.form, body, chain, k, entry.tokens) {
-                if p_hi.checked_add(need)? <= w {
-                    return Some(Proof::Fits(p_hi));
-                }
+            let bounds = bound::bounds(req.form, body, chain, k, entry.tokens)?;
+            if bounds.p_hi.checked_add(need)? <= w {
+                return Some(Proof::Fits(bounds.p_hi));
             }
-            let tail = bound::tail(req.form, body, chain, k, entry.tokens)?;
+            let tail = bounds.tail?;
             let off = bound::tail_off_key(&plugin.scope, &pending.model);
             if !tail.may_prove(need, w) || host.get_shared(&off).is_some() {
                 return None;

@@ -328,9 +328,18 @@ fn text_only(content: Option<&RawValue>) -> bool {
 
 /// The token bound of one new message, `None` where the bound's assumptions do not hold.
 pub fn message_bound(form: Form, raw: &[u8]) -> Option<u64> {
+    bound_and_role(form, raw).map(|(bound, _)| bound)
+}
+
+/// The token bound of one new message and whether it is the assistant's.
+fn bound_and_role(form: Form, raw: &[u8]) -> Option<(u64, bool)> {
     let text = std::str::from_utf8(raw).ok()?;
     let m: Message = serde_json::from_str(text).ok()?;
-    let bytes = raw.len() as u64;
+    let bound = bound_of(form, raw.len() as u64, &m)?;
+    Some((bound, m.role == "assistant"))
+}
+
+fn bound_of(form: Form, bytes: u64, m: &Message) -> Option<u64> {
     match form {
         Form::Chat => {
             if !matches!(m.role.as_ref(), "system" | "user" | "assistant" | "tool") {
@@ -409,9 +418,10 @@ pub fn bounds<'c>(
     let mut alone = !items.is_empty();
     for r in items {
         let raw = body.get(r.clone())?;
-        p_hi = p_hi.checked_add(message_bound(form, raw)?)?;
+        let (bound, assistant) = bound_and_role(form, raw)?;
+        p_hi = p_hi.checked_add(bound)?;
         bytes = bytes.checked_add(raw.len() as u64)?;
-        alone = alone && !(restyles(raw) && role_is(raw, "assistant"));
+        alone = alone && !(assistant && restyles(raw));
     }
     let base = prefix_tokens.checked_add(SEAM)?.checked_add(restyled)?;
     let tail = alone.then_some(Tail { items, base, bytes });
@@ -449,14 +459,6 @@ impl Tail<'_> {
             .saturating_add(need)
             <= w
     }
-}
-
-/// Whether a message's role is `role`.
-fn role_is(raw: &[u8], role: &str) -> bool {
-    std::str::from_utf8(raw)
-        .ok()
-        .and_then(|t| serde_json::from_str::<Message>(t).ok())
-        .is_some_and(|m| m.role == role)
 }
 
 /// Writes the tail's messages as one JSON array (raw, as they stand in the body).

@@ -102,6 +102,8 @@ pub struct Config {
     pub window_ttl_ms: u64,
     /// The routes (docs/spec.md §16), each resolved; empty in a route itself.
     pub routes: Vec<Config>,
+    /// A route's name (its metrics' and shared data's scope); empty at the top level.
+    pub name: String,
 }
 
 /// A configuration error; `field` names the offending key (dotted path).
@@ -122,6 +124,25 @@ impl fmt::Display for ConfigError {
 }
 
 impl std::error::Error for ConfigError {}
+
+/// Whether `name` may name a route: it becomes part of metric names.
+fn route_name_ok(name: &str) -> bool {
+    (1..=64).contains(&name.len()) && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+}
+
+/// A route's default name: its first model, every other character as `_`, at most 64.
+fn default_route_name(model: &str) -> String {
+    let name: String = model
+        .chars()
+        .take(64)
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect();
+    if name.is_empty() {
+        "_".to_string()
+    } else {
+        name
+    }
+}
 
 fn err(field: &str, message: impl Into<String>) -> ConfigError {
     ConfigError {
@@ -442,6 +463,7 @@ struct RawTokenizer {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawRoute {
+    name: Option<String>,
     model: Option<Models>,
     tokenizer: Option<RawTokenizer>,
     context_length: Option<Positive>,
@@ -576,6 +598,7 @@ impl Config {
             translate_errors: raw.translate_errors.map(|f| f.0).unwrap_or(true),
             window_ttl_ms: raw.window_ttl_ms.map_or(DEFAULT_WINDOW_TTL_MS, |v| v.0),
             routes: Vec::new(),
+            name: String::new(),
         };
         let mut resolved: Vec<Config> = Vec::with_capacity(routes.len());
         for (i, route) in routes.into_iter().enumerate() {
@@ -591,6 +614,12 @@ impl Config {
                         format!("{model:?} is already named by routes[{j}]"),
                     ));
                 }
+            }
+            if let Some(j) = resolved.iter().position(|r| r.name == config.name) {
+                return Err(err(
+                    &format!("{prefix}name"),
+                    format!("{:?} is already the name of routes[{j}]", config.name),
+                ));
             }
             config.check(&prefix)?;
             resolved.push(config);
@@ -626,6 +655,20 @@ impl Config {
             .model
             .ok_or_else(|| err(&format!("{prefix}model"), "required"))?
             .0;
+        let name = match raw.name {
+            Some(name) if route_name_ok(&name) => name,
+            Some(_) => {
+                return Err(err(
+                    &format!("{prefix}name"),
+                    "must be 1 to 64 of A-Z, a-z, 0-9 and _",
+                ))
+            }
+            // The first model, in the characters a metric name may hold.
+            None => models
+                .first()
+                .map(|m| default_route_name(m))
+                .unwrap_or_default(),
+        };
         let tokenizer = match raw.tokenizer {
             Some(t) => resolve_tokenizer(t, prefix)?,
             None => tokenizer.cloned().ok_or_else(|| {
@@ -648,6 +691,7 @@ impl Config {
                 .map_or(self.fallback_margin_tokens, |v| v.0),
             on_insufficient: raw.on_insufficient.unwrap_or(self.on_insufficient),
             routes: Vec::new(),
+            name,
             ..self.clone()
         })
     }
@@ -780,7 +824,8 @@ impl Config {
         for (i, route) in self.routes.iter().enumerate() {
             let models = route.models.as_ref().map_or(0, Vec::len);
             out.push_str(&format!(
-                "; routes[{i}] ({models} model(s)): {}",
+                "; routes[{i}] {} ({models} model(s)): {}",
+                route.name,
                 route.route_summary()
             ));
         }
@@ -1082,6 +1127,32 @@ mod tests {
          "min_output_tokens":64,"fallback_margin_tokens":32,"on_insufficient":"reject"}]}"#;
 
     #[test]
+    fn routes_are_named() {
+        let c = parse(TWO).unwrap();
+        let names: Vec<&str> = c.routes.iter().map(|r| r.name.as_str()).collect();
+        assert_eq!(names, ["coder", "small"]);
+        let named = parse(
+            r#"{"tokenizer":{"cluster":"v"},"routes":[{"name":"big_1","model":"Qwen/Qwen3-8B"},{"model":"Qwen/Qwen3-8B-FP8"}]}"#,
+        )
+        .unwrap();
+        let names: Vec<&str> = named.routes.iter().map(|r| r.name.as_str()).collect();
+        assert_eq!(names, ["big_1", "Qwen_Qwen3_8B_FP8"]);
+        let field = |s: &str| parse(s).unwrap_err().field;
+        assert_eq!(
+            field(r#"{"tokenizer":{"cluster":"v"},"routes":[{"name":"a.b","model":"m"}]}"#),
+            "routes[0].name"
+        );
+        assert_eq!(
+            field(r#"{"tokenizer":{"cluster":"v"},"routes":[{"name":"","model":"m"}]}"#),
+            "routes[0].name"
+        );
+        assert_eq!(
+            field(r#"{"tokenizer":{"cluster":"v"},"routes":[{"model":"a-b"},{"model":"a.b"}]}"#),
+            "routes[1].name"
+        );
+    }
+
+    #[test]
     fn routes_resolve_over_the_top_level() {
         let c = parse(TWO).unwrap();
         assert_eq!(c.routes.len(), 2);
@@ -1103,7 +1174,7 @@ mod tests {
         assert!(a.routes.is_empty());
         assert!(c
             .summary()
-            .contains("routes[1] (2 model(s)): backend sglang"));
+            .contains("routes[1] small (2 model(s)): backend sglang"));
 
         // With a top-level tokenizer: inherited by a route without one; other models use it.
         let c = parse(

@@ -87,7 +87,7 @@ impl Filter {
                     config.summary()
                 );
                 let plugin = Plugin::new(config);
-                let metrics = Metrics::define(proxy, plugin.routes());
+                let metrics = Metrics::define(proxy, plugin.route_names());
                 root.shared = Some(Rc::new(Shared { plugin, metrics }));
                 if self.holdings.is_none() {
                     self.holdings = Some(Holdings::define(proxy));
@@ -172,7 +172,7 @@ impl Filter {
                 root: gone.root,
             };
             gone.orphan
-                .on_reply(&gone.shared.plugin, &mut view, &reply.answer(token));
+                .on_reply(&gone.shared.plugin, &mut view, &reply.reply(token));
             self.record_holdings(proxy);
         }
     }

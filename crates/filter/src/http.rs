@@ -5,8 +5,8 @@ use crate::filter::{CONTINUE, PAUSE};
 use crate::proxy::{text, BufferType, MapType, Proxy};
 use crate::Shared;
 use incontext_core::flow::{
-    Action, Answer, BodyStep, Call, Exchange, HeadStep, Histogram, Host, Metric, Orphan,
-    RequestHead, Step, MAX_REPLY_BYTES,
+    Action, Call, Exchange, Histogram, Host, Metric, Orphan, Reply, RequestBodyStep, RequestHead,
+    RequestHeadStep, Step, MAX_REPLY_BYTES,
 };
 use incontext_core::response;
 use std::rc::Rc;
@@ -93,8 +93,8 @@ impl CallReply {
         CallReply { status, size, body }
     }
 
-    pub fn answer(&self, token: u32) -> Answer<'_> {
-        Answer {
+    pub fn reply(&self, token: u32) -> Reply<'_> {
+        Reply {
             token,
             status: self.status,
             size: self.size,
@@ -143,21 +143,21 @@ impl Http {
         Some((self.shared?, orphan))
     }
 
-    /// Applies a step; returns whether the request stays held.
-    fn apply(exchange: &mut Exchange, view: &mut HostView, step: Step) -> bool {
-        match step {
-            Step::Wait => true,
-            Step::Done(Action::Continue) => false,
+    /// Applies a step, and tells the exchange whether the host applied it; returns whether
+    /// the request stays held.
+    fn apply(exchange: &mut Exchange, shared: &Shared, view: &mut HostView, step: Step) -> bool {
+        let (held, applied) = match step {
+            Step::Wait => return true,
+            Step::Done(Action::Continue) => return false,
             Step::Done(Action::Rewrite(mut rewrite)) => {
                 let (end, head) = rewrite.head();
                 let replaced = view
                     .proxy
                     .set_buffer(BufferType::HttpRequestBody, 0, end, &head);
-                if let Err(e) = replaced {
+                if let Err(e) = &replaced {
                     log::warn!("incontext: cannot replace the body (host status {})", e.0);
-                    exchange.on_apply_error(view);
                 }
-                false
+                (false, replaced.is_ok())
             }
             Step::Done(Action::Reply(reply)) => {
                 let headers: Vec<(&str, &str)> = reply
@@ -165,19 +165,18 @@ impl Http {
                     .iter()
                     .map(|(k, v)| (*k, v.as_str()))
                     .collect();
-                match view
+                let sent = view
                     .proxy
-                    .send_response(reply.status, &headers, &reply.body)
-                {
-                    Ok(()) => true,
-                    Err(e) => {
-                        log::warn!("incontext: cannot send the rejection (host status {})", e.0);
-                        exchange.on_apply_error(view);
-                        false
-                    }
+                    .send_response(reply.status, &headers, &reply.body);
+                if let Err(e) = &sent {
+                    log::warn!("incontext: cannot send the rejection (host status {})", e.0);
                 }
+                // Sent: the request is answered and stays held; not sent: it goes on.
+                (sent.is_ok(), sent.is_ok())
             }
-        }
+        };
+        exchange.applied(&shared.plugin, view, applied);
+        held
     }
 
     /// Runs `f` with the exchange and the host view, when the plugin is configured.
@@ -202,10 +201,10 @@ impl Http {
     /// The answer to this stream's call (the stream is the effective context).
     pub fn on_call_response(&mut self, proxy: &mut dyn Proxy, token: u32, reply: &CallReply) {
         self.with(proxy, (), |exchange, shared, view| {
-            let Some(step) = exchange.on_reply(&shared.plugin, view, &reply.answer(token)) else {
+            let Some(step) = exchange.on_reply(&shared.plugin, view, &reply.reply(token)) else {
                 return;
             };
-            if !Http::apply(exchange, view, step) {
+            if !Http::apply(exchange, shared, view, step) {
                 if let Err(e) = view.proxy.resume_request() {
                     log::warn!("incontext: cannot resume the request (host status {})", e.0);
                 }
@@ -223,7 +222,7 @@ impl Http {
                 read("content-length"),
             ) else {
                 view.increment(Metric::Requests);
-                exchange.on_host_error(view);
+                exchange.on_host_error(&shared.plugin, view);
                 return CONTINUE;
             };
             let head = RequestHead {
@@ -234,8 +233,8 @@ impl Http {
                 end_of_stream,
             };
             match exchange.on_headers(&shared.plugin, view, &head) {
-                HeadStep::Continue => CONTINUE,
-                HeadStep::Buffer => {
+                RequestHeadStep::Continue => CONTINUE,
+                RequestHeadStep::Buffer => {
                     let removed = view
                         .proxy
                         .remove_header(MapType::RequestHeaders, "content-length");
@@ -244,7 +243,7 @@ impl Http {
                             "incontext: cannot remove content-length (host status {})",
                             e.0
                         );
-                        exchange.on_host_error(view);
+                        exchange.on_host_error(&shared.plugin, view);
                     }
                     CONTINUE
                 }
@@ -260,9 +259,9 @@ impl Http {
     ) -> u32 {
         self.with(proxy, CONTINUE, |exchange, shared, view| {
             match exchange.on_body_chunk(&shared.plugin, view, body_size, end_of_stream) {
-                BodyStep::Continue => return CONTINUE,
-                BodyStep::Buffer | BodyStep::Wait => return PAUSE,
-                BodyStep::Read => {}
+                RequestBodyStep::Continue => return CONTINUE,
+                RequestBodyStep::Buffer | RequestBodyStep::Wait => return PAUSE,
+                RequestBodyStep::Read => {}
             }
             let body = match view
                 .proxy
@@ -271,12 +270,12 @@ impl Http {
                 Ok(b) => b.unwrap_or_default(),
                 Err(e) => {
                     log::warn!("incontext: cannot read the body (host status {})", e.0);
-                    exchange.on_host_error(view);
+                    exchange.on_host_error(&shared.plugin, view);
                     return CONTINUE;
                 }
             };
             let step = exchange.on_body(&shared.plugin, view, body);
-            if Http::apply(exchange, view, step) {
+            if Http::apply(exchange, shared, view, step) {
                 PAUSE
             } else {
                 CONTINUE
@@ -285,8 +284,8 @@ impl Http {
     }
 
     pub fn on_request_trailers(&mut self, proxy: &mut dyn Proxy) -> u32 {
-        self.with(proxy, CONTINUE, |exchange, _, view| {
-            exchange.on_trailers(view);
+        self.with(proxy, CONTINUE, |exchange, shared, view| {
+            exchange.on_trailers(&shared.plugin, view);
             CONTINUE
         })
     }

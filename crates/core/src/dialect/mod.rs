@@ -26,9 +26,10 @@ pub enum Form {
 }
 
 /// What the request path says about the dialect, before the body is read.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Endpoint {
     /// Any other path: the body's shape decides (chat or completion).
+    #[default]
     OpenAi,
     /// `…/v1/messages`: Anthropic Messages.
     Messages,

@@ -1,0 +1,265 @@
+//! Where every request's path ends: one [`Verdict`], concluded once, sets the report, the
+//! outcome counter and what the answer side needs (the [`Budget`]) together. A rewrite or a
+//! local reply is counted when the host applied it ([`Exchange::applied`]), so one request
+//! counts one outcome whatever the host does.
+
+use super::exchange::{Exchange, Pending};
+use super::route::Ctx;
+use super::{Action, LocalReply, Metric, Rewrite, Step};
+use crate::config::OnInsufficient;
+use crate::dialect::Form;
+use crate::plan::{decide, Count, Outcome, Source};
+use crate::reason::Reason;
+use crate::report::Report;
+use crate::request::Request;
+use crate::response::{Budget, Dialect, WindowError};
+
+/// How a request ends.
+#[derive(Debug)]
+pub enum Verdict {
+    Unchanged {
+        reason: Reason,
+        count: Option<(u64, Source)>,
+        budget: Option<Budget>,
+    },
+    Rewritten {
+        prompt: u64,
+        source: Source,
+        value: u64,
+        rewrite: Rewrite,
+        budget: Budget,
+    },
+    Rejected {
+        prompt: u64,
+        source: Source,
+        body: Vec<u8>,
+        budget: Budget,
+    },
+}
+
+impl Verdict {
+    /// Unchanged before anything was counted.
+    pub fn unchanged(reason: Reason) -> Verdict {
+        Verdict::Unchanged {
+            reason,
+            count: None,
+            budget: None,
+        }
+    }
+
+    /// Decides with a count (docs/spec.md §2).
+    pub fn decide(ctx: &mut Ctx, req: &Request, body: Vec<u8>, count: Count) -> Verdict {
+        let config = ctx.config();
+        // A count without its own context length (an estimate, token ids, a counter that
+        // reports none) uses the one learned for this model and route, when none is set.
+        let learned = match (config.context_length, count.max_model_len) {
+            (None, None) => ctx.context(&req.model_name(&body)),
+            _ => None,
+        };
+        let config = ctx.config();
+        let decision = decide(req, &body, config, count, learned);
+        let windows = crate::plan::window(config, count.max_model_len.or(learned)).ok();
+        let exact = count.source != Source::Estimate;
+        let written = match decision.outcome {
+            Outcome::Rewrite { value, .. } => Some(value),
+            _ => None,
+        };
+        let context = windows.map(|(_, c)| c);
+        let caller = req.cap.map(|c| c.value);
+        // Anthropic: the window, not the caller, set the cap: it is all the window left.
+        let window_cap = match (written, windows) {
+            (Some(v), Some((w, _))) if req.form == Form::Messages => {
+                let margin = if exact {
+                    0
+                } else {
+                    config.fallback_margin_tokens
+                };
+                let left = w.saturating_sub(decision.prompt).saturating_sub(margin);
+                (v == left && caller.is_none_or(|b| v < b)).then_some(v)
+            }
+            _ => None,
+        };
+        let budget = Budget {
+            dialect: Dialect::of(req.form),
+            backend: config.tokenizer.backend,
+            model: req.model_name(&body),
+            prompt: Some(decision.prompt),
+            exact,
+            too_long: exact && context.is_some_and(|c| decision.prompt >= c),
+            context,
+            cap: written.or(caller),
+            window_cap,
+        };
+        let (prompt, source) = (decision.prompt, decision.source);
+        match decision.outcome {
+            Outcome::Rewrite { edit, value } => Verdict::Rewritten {
+                prompt,
+                source,
+                value,
+                rewrite: Rewrite { body, edit },
+                budget,
+            },
+            Outcome::Unchanged(reason) => {
+                if reason == Reason::WindowConfig && ctx.route.first_window_warning() {
+                    log::error!(
+                        "incontext: the learned context length leaves fallback_margin_tokens + min_output_tokens >= the window; requests for that model pass unchanged"
+                    );
+                }
+                Verdict::Unchanged {
+                    reason,
+                    count: Some((prompt, source)),
+                    budget: Some(budget),
+                }
+            }
+            Outcome::Reject { body } => Verdict::Rejected {
+                prompt,
+                source,
+                body,
+                budget,
+            },
+        }
+    }
+
+    /// A bound P_hi proved the outcome: unchanged, `fits`. P_hi is an upper bound: an
+    /// answer's window error is read with the estimate.
+    pub fn fits(ctx: &mut Ctx, pending: &Pending, p_hi: u64) -> Verdict {
+        ctx.count(Metric::CountSkipped);
+        super::proof::anchor_bound(ctx, pending.link, p_hi);
+        let context = match ctx.config().context_length {
+            Some(c) => Some(c),
+            None => ctx.context(&pending.model),
+        };
+        let budget = Budget {
+            dialect: Dialect::of(pending.req.form),
+            backend: ctx.config().tokenizer.backend,
+            model: pending.model.clone(),
+            prompt: pending.req.estimate(&pending.body),
+            exact: false,
+            too_long: false,
+            context,
+            cap: pending.req.cap.map(|c| c.value),
+            window_cap: None,
+        };
+        Verdict::Unchanged {
+            reason: Reason::Fits,
+            count: Some((p_hi, Source::Bound)),
+            budget: Some(budget),
+        }
+    }
+
+    /// The counter refused the prompt as longer than the context (docs/spec.md §13): reject
+    /// mode answers the dialect's error itself; otherwise the request goes on unchanged and
+    /// the server's answer is translated.
+    pub fn too_long(ctx: &mut Ctx, pending: Box<Pending>, e: &WindowError) -> Verdict {
+        super::context::learn_refused(ctx, &pending.model, e);
+        let config = ctx.config();
+        let Pending { req, body, .. } = *pending;
+        let prompt = match (e.prompt, req.estimate(&body)) {
+            (Some(a), Some(b)) => a.max(b),
+            (a, b) => a.or(b).unwrap_or(0),
+        };
+        let windows = crate::plan::window(config, e.context).ok();
+        let caller = req.cap.map(|c| c.value);
+        let budget = Budget {
+            dialect: Dialect::of(req.form),
+            backend: config.tokenizer.backend,
+            model: req.model_name(&body),
+            prompt: Some(prompt),
+            exact: e.prompt_exact,
+            too_long: true,
+            context: windows.map(|(_, c)| c),
+            cap: caller,
+            window_cap: None,
+        };
+        match windows {
+            Some((w, _)) if config.on_insufficient == OnInsufficient::Reject => {
+                let required = caller.map_or(config.min_output_tokens, |b| {
+                    b.min(config.min_output_tokens)
+                });
+                let value = i128::from(w) - i128::from(prompt);
+                Verdict::Rejected {
+                    prompt,
+                    source: Source::Exact,
+                    body: req.form.reject_body(w, prompt, value, required),
+                    budget,
+                }
+            }
+            _ => Verdict::Unchanged {
+                reason: Reason::TooLong,
+                count: Some((prompt, Source::Exact)),
+                budget: Some(budget),
+            },
+        }
+    }
+}
+
+impl Exchange {
+    /// Ends the request side with `verdict`: the report, the counter (for a rewrite or a
+    /// local reply, once the host applied it) and the budget, together. A request concludes
+    /// once; a later verdict changes nothing.
+    pub(super) fn conclude(&mut self, ctx: &mut Ctx, verdict: Verdict) -> Step {
+        self.pass();
+        if self.report.is_some() {
+            log::debug!("incontext: a request concluded twice; the first conclusion stands");
+            return Step::Done(Action::Continue);
+        }
+        let report = |action, reason, count: Option<(u64, Source)>, max_tokens| Report {
+            action,
+            reason,
+            prompt: count.map(|c| c.0),
+            source: count.map(|c| c.1),
+            max_tokens,
+        };
+        match verdict {
+            Verdict::Unchanged {
+                reason,
+                count,
+                budget,
+            } => {
+                ctx.count(Metric::Unchanged(reason));
+                log::debug!("incontext: unchanged ({})", reason.as_str());
+                self.report = Some(report("unchanged", Some(reason), count, None));
+                self.budget = budget;
+                Step::Done(Action::Continue)
+            }
+            Verdict::Rewritten {
+                prompt,
+                source,
+                value,
+                rewrite,
+                budget,
+            } => {
+                log::debug!(
+                    "incontext: rewritten prompt={prompt} source={} max_tokens={value}",
+                    source.as_str()
+                );
+                let count = Some((prompt, source));
+                self.report = Some(report("rewritten", None, count, Some(value)));
+                self.budget = Some(budget);
+                self.applying = Some(Metric::Rewritten);
+                Step::Done(Action::Rewrite(rewrite))
+            }
+            Verdict::Rejected {
+                prompt,
+                source,
+                body,
+                budget,
+            } => {
+                log::debug!("incontext: rejected prompt={prompt}");
+                self.report = Some(report("rejected", None, Some((prompt, source)), None));
+                self.budget = Some(budget);
+                self.applying = Some(Metric::Rejected);
+                self.replied = true;
+                let mut headers = vec![("content-type", "application/json".to_string())];
+                if ctx.config().response_headers {
+                    headers.extend(self.report_headers());
+                }
+                Step::Done(Action::Reply(LocalReply {
+                    status: 400,
+                    headers,
+                    body,
+                }))
+            }
+        }
+    }
+}

@@ -1,0 +1,235 @@
+//! The count of a request's prompt: the cache, the exact count (with the context length
+//! first when nothing else reports it), and the estimate when the tokenizer fails
+//! (docs/spec.md §5–§7). Where skipping is on, a bound may prove the outcome first
+//! ([`super::proof`]).
+
+use super::conclude::Verdict;
+use super::exchange::{Awaited, Next, Pending, Waiting};
+use super::route::Ctx;
+use super::{context, proof, Histogram, Metric, Reply};
+use crate::backend::{self, CallKind, Counted};
+use crate::bound;
+use crate::plan::{Count, Source};
+use crate::reason::Reason;
+use crate::request::{Counting, Request};
+use crate::tokenize::{cache_key, check_context, Failure};
+
+/// The first step of a budgeted request.
+pub fn start(ctx: &mut Ctx, req: Request, body: Vec<u8>) -> Next {
+    if req.counting == Counting::Tokenize {
+        return cached(ctx, req, body);
+    }
+    if let Err(reason) = req.validate(&body) {
+        return Next::Conclude(Verdict::unchanged(reason));
+    }
+    match req.counting {
+        Counting::Exact(n) => {
+            let count = Count {
+                tokens: n,
+                source: Source::Exact,
+                max_model_len: None,
+            };
+            Next::Conclude(Verdict::decide(ctx, &req, body, count))
+        }
+        Counting::Estimate | Counting::Tokenize => estimate(ctx, &req, body),
+    }
+}
+
+/// A stored count decides at once; otherwise the request is validated, then proved by a
+/// bound or counted.
+fn cached(ctx: &mut Ctx, req: Request, body: Vec<u8>) -> Next {
+    let config = ctx.config();
+    let key = cache_key(&req, &body, &ctx.route.scope, config.context_length);
+    let configured = config.context_length;
+    if let Some(stored) = ctx.stored_count(key) {
+        // A count stored without the context length it came with (0) has none to check.
+        let window = Some(stored.max_model_len).filter(|c| *c > 0);
+        if window.is_none_or(|c| check_context(c, configured).is_ok()) {
+            ctx.count(Metric::CacheHits);
+            // The server's context length may have changed since the count was stored.
+            let window = match (window, configured) {
+                (Some(c), None) => ctx.fresh_context(&req.model_name(&body)).or(Some(c)),
+                _ => window,
+            };
+            let count = Count {
+                tokens: stored.count,
+                source: Source::Cache,
+                max_model_len: window,
+            };
+            return Next::Conclude(Verdict::decide(ctx, &req, body, count));
+        }
+    }
+    // What `analyze` only skimmed must validate, or the request passes unchanged.
+    if let Err(reason) = req.validate(&body) {
+        return Next::Conclude(Verdict::unchanged(reason));
+    }
+    ctx.count(Metric::CacheMisses);
+    let model = req.model_name(&body);
+    let chain = ctx
+        .route
+        .skipping(&req)
+        .then(|| bound::chain(&req, &body, &ctx.route.scope, configured))
+        .flatten();
+    let pending = Box::new(Pending {
+        req,
+        body,
+        key,
+        model,
+        link: chain.as_ref().and_then(|c| c.links.last().copied()),
+        sent_ms: None,
+    });
+    match chain.and_then(|chain| proof::prove(ctx, &pending, &chain)) {
+        Some(proof::Proof::Fits(p_hi)) => Next::Send(pending, p_hi),
+        Some(proof::Proof::Tail(call, awaited)) => {
+            ctx.count(Metric::TailCounts);
+            send(ctx, pending, &call, awaited).unwrap_or_else(|pending| whole(ctx, pending))
+        }
+        None => whole(ctx, pending),
+    }
+}
+
+/// Sends `call` for `pending`; the pending request back when it could not be sent.
+pub fn send(
+    ctx: &mut Ctx,
+    mut pending: Box<Pending>,
+    call: &backend::Call,
+    awaited: Awaited,
+) -> Result<Next, Box<Pending>> {
+    if matches!(awaited, Awaited::Count | Awaited::Tail { .. }) {
+        pending.sent_ms = ctx.now_ms();
+    }
+    match ctx.dispatch(call) {
+        Some(token) => Ok(Next::Wait(Waiting {
+            token,
+            kind: call.kind,
+            awaited,
+            pending,
+        })),
+        None => Err(pending),
+    }
+}
+
+/// Counts the whole prompt: the context length first when nothing reports it.
+pub fn whole(ctx: &mut Ctx, pending: Box<Pending>) -> Next {
+    let config = ctx.config();
+    let needs_context = !backend::count_reports_window(config, pending.req.form)
+        && config.context_length.is_none()
+        && ctx.fresh_context(&pending.model).is_none();
+    if needs_context {
+        let call = backend::window_call(ctx.config());
+        match send(ctx, pending, &call, Awaited::Context) {
+            Ok(next) => return next,
+            // No context length now: count anyway (a configured window_tokens may do).
+            Err(pending) => return count(ctx, pending),
+        }
+    }
+    count(ctx, pending)
+}
+
+/// Sends the whole prompt's count.
+fn count(ctx: &mut Ctx, pending: Box<Pending>) -> Next {
+    let Some(call) = backend::count_call(ctx.config(), &pending.req, &pending.body) else {
+        // A field the payload needs does not parse (the server would refuse it too).
+        return estimate(ctx, &pending.req, pending.body);
+    };
+    ctx.count(Metric::CountCalls);
+    send(ctx, pending, &call, Awaited::Count)
+        .unwrap_or_else(|pending| failed(ctx, Failure::Dispatch, pending))
+}
+
+/// The reply to a call in flight goes on with what it was awaited for.
+pub fn on_reply(ctx: &mut Ctx, waiting: Waiting, reply: &Reply) -> Option<Next> {
+    let Waiting {
+        kind,
+        awaited,
+        pending,
+        ..
+    } = waiting;
+    Some(match awaited {
+        Awaited::Context => {
+            context::learn_from(ctx, &pending.model, reply);
+            count(ctx, pending)
+        }
+        Awaited::Count => {
+            let counted = on_path(ctx, &pending, kind, reply);
+            match context::refusal(ctx, reply, &counted) {
+                Some(e) => Next::Conclude(Verdict::too_long(ctx, pending, &e)),
+                None => match counted {
+                    Ok(counted) => exact(ctx, pending, counted),
+                    Err(failure) => failed(ctx, failure, pending),
+                },
+            }
+        }
+        Awaited::Tail { base, need, w } => {
+            let counted = on_path(ctx, &pending, kind, reply);
+            proof::tail_counted(ctx, pending, (base, need, w), counted)
+        }
+        Awaited::Check { bound } => {
+            let counted = parse(ctx, kind, reply);
+            super::check::checked(
+                ctx,
+                &pending.model,
+                pending.key,
+                pending.link,
+                bound,
+                counted,
+            );
+            return None;
+        }
+    })
+}
+
+/// A count reply, parsed.
+pub fn parse(ctx: &Ctx, kind: CallKind, reply: &Reply) -> Result<Counted, Failure> {
+    reply.read(|b| backend::parse_count(ctx.config(), kind, reply.status, b))
+}
+
+/// The reply to a count on the request's path, parsed; its duration recorded.
+fn on_path(
+    ctx: &mut Ctx,
+    pending: &Pending,
+    kind: CallKind,
+    reply: &Reply,
+) -> Result<Counted, Failure> {
+    if let (Some(sent), Some(now)) = (pending.sent_ms, ctx.now_ms()) {
+        ctx.record(Histogram::CountMs, now.saturating_sub(sent));
+    }
+    parse(ctx, kind, reply)
+}
+
+/// An exact count: stored, then decided.
+fn exact(ctx: &mut Ctx, pending: Box<Pending>, counted: Counted) -> Next {
+    ctx.store_count(pending.key, &pending.model, pending.link, counted);
+    let Pending { req, body, .. } = *pending;
+    let count = Count {
+        tokens: counted.count,
+        source: Source::Exact,
+        max_model_len: counted.window,
+    };
+    Next::Conclude(Verdict::decide(ctx, &req, body, count))
+}
+
+fn failed(ctx: &mut Ctx, failure: Failure, pending: Box<Pending>) -> Next {
+    ctx.count(Metric::Failure(failure));
+    log::warn!(
+        "incontext: tokenizer failure ({}); using the estimate",
+        failure.as_str()
+    );
+    let Pending { req, body, .. } = *pending;
+    estimate(ctx, &req, body)
+}
+
+fn estimate(ctx: &mut Ctx, req: &Request, body: Vec<u8>) -> Next {
+    ctx.count(Metric::Estimates);
+    Next::Conclude(match req.estimate(&body) {
+        Some(tokens) => {
+            let count = Count {
+                tokens,
+                source: Source::Estimate,
+                max_model_len: None,
+            };
+            Verdict::decide(ctx, req, body, count)
+        }
+        None => Verdict::unchanged(Reason::Internal),
+    })
+}

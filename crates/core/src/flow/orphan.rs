@@ -1,0 +1,84 @@
+//! A call whose request is gone (the client left, the stream was reset), kept until its
+//! reply: what the reply tells is still stored (the count, a learned context length, a
+//! checked bound), so the next identical request need not ask again. It holds the cache key,
+//! the model and the conversation's last link, not the body.
+
+use super::exchange::{Awaited, Waiting};
+use super::route::RouteId;
+use super::{check, context, count, Host, Metric, Plugin, Reply};
+use crate::backend::CallKind;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Orphan {
+    token: u32,
+    kind: CallKind,
+    awaited: Kept,
+    key: u128,
+    pub(super) model: String,
+    link: Option<u128>,
+    route: RouteId,
+}
+
+/// What an orphan's call was awaited for, of what still matters without its request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kept {
+    Context,
+    Count,
+    Check(u64),
+}
+
+impl Orphan {
+    /// What a call in flight still needs once its request is gone; a tail's count tells
+    /// nothing without its request.
+    pub(super) fn of(waiting: Waiting, route: RouteId) -> Option<Orphan> {
+        let awaited = match waiting.awaited {
+            Awaited::Context => Kept::Context,
+            Awaited::Count => Kept::Count,
+            Awaited::Check { bound } => Kept::Check(bound),
+            Awaited::Tail { .. } => return None,
+        };
+        let pending = *waiting.pending;
+        Some(Orphan {
+            token: waiting.token,
+            kind: waiting.kind,
+            awaited,
+            key: pending.key,
+            model: pending.model,
+            link: pending.link,
+            route,
+        })
+    }
+
+    /// The token of the call it waits for.
+    pub fn token(&self) -> u32 {
+        self.token
+    }
+
+    /// The memory it holds, in bytes.
+    pub fn held_bytes(&self) -> usize {
+        std::mem::size_of::<Orphan>() + self.model.capacity()
+    }
+
+    /// The reply to its call: stored, nothing decided. `false`: not its call.
+    pub fn on_reply(&self, plugin: &Plugin, host: &mut dyn Host, reply: &Reply) -> bool {
+        if reply.token != self.token {
+            return false;
+        }
+        let mut ctx = plugin.ctx(self.route, host);
+        match self.awaited {
+            Kept::Context => context::learn_from(&mut ctx, &self.model, reply),
+            Kept::Count => match count::parse(&ctx, self.kind, reply) {
+                Ok(counted) => ctx.store_count(self.key, &self.model, self.link, counted),
+                Err(failure) => match context::refusal(&ctx, reply, &Err(failure)) {
+                    Some(e) => context::learn_refused(&mut ctx, &self.model, &e),
+                    None => ctx.count(Metric::Failure(failure)),
+                },
+            },
+            Kept::Check(bound) => {
+                let counted = count::parse(&ctx, self.kind, reply);
+                check::checked(&mut ctx, &self.model, self.key, self.link, bound, counted)
+            }
+        }
+        true
+    }
+}

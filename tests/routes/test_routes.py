@@ -70,9 +70,10 @@ def test_each_model_counted_on_its_own_server(envoy_for, order):
         assert int(r.headers["x-incontext-max-tokens"]) == MODELS[model] - prompt, what
         after = {m: env.cluster_stat(f"tok-{m}", "upstream_rq_total") for m in MODELS}
         assert after[model] > calls[model] and after[other] == calls[other], (what, calls, after)
-        i = list(MODELS).index(model)
-        assert delta.get(f"incontext_route_{i}_rewritten") == 1, what
-        assert delta.get(f"incontext_route_{1 - i}_requests") is None, what
+        # A route is named by its first model (metric-safe): its counters carry that name.
+        name, other_name = model.replace("-", "_"), other.replace("-", "_")
+        assert delta.get(f"incontext_route_{name}_rewritten") == 1, what
+        assert delta.get(f"incontext_route_{other_name}_requests") is None, what
         assert delta.get("incontext_rewritten") == 1, what
 
 

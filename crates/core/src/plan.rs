@@ -5,7 +5,8 @@ use super::config::{Config, OnInsufficient};
 use super::reason::Reason;
 use super::request::Request;
 use super::rewrite::{splice_edit_with, Edit};
-use super::rule::{evaluate, Inputs, Verdict};
+pub use super::rule::Inputs;
+use super::rule::{evaluate, Verdict};
 
 /// Where P came from (the `x-incontext-source` header).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,6 +59,8 @@ pub struct Decision {
     pub outcome: Outcome,
     pub prompt: u64,
     pub source: Source,
+    /// What the rule was given, when it ran (W and C were known).
+    pub inputs: Option<Inputs>,
 }
 
 /// Resolves (W, C): configured, or from a learned context length. C falls back to W when
@@ -97,6 +100,7 @@ pub fn decide(
         outcome: Outcome::Unchanged(reason),
         prompt,
         source: count.source,
+        inputs: None,
     };
     let (w, c) = match window(config, count.max_model_len.or(learned)) {
         Ok(wc) => wc,
@@ -151,6 +155,7 @@ pub fn decide(
         outcome,
         prompt,
         source: count.source,
+        inputs: Some(inputs),
     }
 }
 

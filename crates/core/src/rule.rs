@@ -30,12 +30,31 @@ pub enum Verdict {
     Insufficient { value: i128, required: u64 },
 }
 
+impl Inputs {
+    /// 0 for an exact P, else F.
+    pub fn margin(&self) -> u64 {
+        if self.exact {
+            0
+        } else {
+            self.margin
+        }
+    }
+
+    /// W − P − margin (negative when the prompt alone is past the window).
+    pub fn remaining(&self) -> i128 {
+        i128::from(self.window) - i128::from(self.prompt) - i128::from(self.margin())
+    }
+
+    /// min(R, B), or R without B.
+    pub fn required(&self) -> u64 {
+        self.cap.map_or(self.reserve, |b| b.min(self.reserve))
+    }
+}
+
 /// value = min(W − P − margin, B, C − T); rewrite iff value ≥ min(R, B) (or R without B).
 pub fn evaluate(i: &Inputs) -> Verdict {
-    let margin = if i.exact { 0 } else { i.margin };
-    let remaining = i128::from(i.window) - i128::from(i.prompt) - i128::from(margin);
-    let required = i.cap.map_or(i.reserve, |b| b.min(i.reserve));
-    let mut value = remaining;
+    let required = i.required();
+    let mut value = i.remaining();
     if let Some(b) = i.cap {
         value = value.min(i128::from(b));
     }

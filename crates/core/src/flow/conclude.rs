@@ -8,7 +8,7 @@ use super::route::Ctx;
 use super::{Action, LocalReply, Metric, Rewrite, Step};
 use crate::config::OnInsufficient;
 use crate::dialect::Form;
-use crate::plan::{decide, Count, Outcome, Source};
+use crate::plan::{decide, Count, Inputs, Outcome, Source};
 use crate::reason::Reason;
 use crate::report::Report;
 use crate::request::Request;
@@ -58,24 +58,23 @@ impl Verdict {
         };
         let config = ctx.config();
         let decision = decide(req, &body, config, count, learned);
-        let windows = crate::plan::window(config, count.max_model_len.or(learned)).ok();
         let exact = count.source != Source::Estimate;
         let written = match decision.outcome {
             Outcome::Rewrite { value, .. } => Some(value),
             _ => None,
         };
-        let context = windows.map(|(_, c)| c);
+        let context = match &decision.inputs {
+            Some(inputs) => Some(inputs.context),
+            None => crate::plan::window(config, count.max_model_len.or(learned))
+                .ok()
+                .map(|(_, c)| c),
+        };
         let caller = req.cap.map(|c| c.value);
         // Anthropic: the window, not the caller, set the cap: it is all the window left.
-        let window_cap = match (written, windows) {
-            (Some(v), Some((w, _))) if req.form == Form::Messages => {
-                let margin = if exact {
-                    0
-                } else {
-                    config.fallback_margin_tokens
-                };
-                let left = w.saturating_sub(decision.prompt).saturating_sub(margin);
-                (v == left && caller.is_none_or(|b| v < b)).then_some(v)
+        let window_cap = match (written, &decision.inputs) {
+            (Some(v), Some(inputs)) if req.form == Form::Messages => {
+                let all_left = i128::from(v) == inputs.remaining();
+                (all_left && caller.is_none_or(|b| v < b)).then_some(v)
             }
             _ => None,
         };
@@ -171,16 +170,25 @@ impl Verdict {
             cap: caller,
             window_cap: None,
         };
+        let reject = config.on_insufficient == OnInsufficient::Reject;
         match windows {
-            Some((w, _)) if config.on_insufficient == OnInsufficient::Reject => {
-                let required = caller.map_or(config.min_output_tokens, |b| {
-                    b.min(config.min_output_tokens)
-                });
-                let value = i128::from(w) - i128::from(prompt);
+            Some((w, c)) if reject => {
+                let inputs = Inputs {
+                    window: w,
+                    context: c,
+                    reserve: config.min_output_tokens,
+                    margin: config.fallback_margin_tokens,
+                    prompt,
+                    exact: true,
+                    cap: caller,
+                    truncate: None,
+                };
                 Verdict::Rejected {
                     prompt,
                     source: Source::Exact,
-                    body: req.form.reject_body(w, prompt, value, required),
+                    body: req
+                        .form
+                        .reject_body(w, prompt, inputs.remaining(), inputs.required()),
                     budget,
                 }
             }

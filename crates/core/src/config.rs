@@ -45,6 +45,13 @@ impl Backend {
             Backend::VllmRender => "vllm-render",
         }
     }
+
+    /// Whether its counts keep the bound's assumptions (docs/spec.md §15): a byte-level BPE
+    /// tokenizer and a template whose conversation renders as its messages do, measured for
+    /// vLLM's `/tokenize`, `count_tokens` and render API. SGLang and llama.cpp: docs/backends.md.
+    pub fn keeps_the_bound(self) -> bool {
+        matches!(self, Backend::Vllm | Backend::VllmRender)
+    }
 }
 
 /// The tokenizer endpoint: an Envoy cluster plus the request line sent to it.
@@ -94,8 +101,9 @@ pub struct Config {
     pub estimate_constrained: bool,
     /// Mirrors vLLM's `--exclude-tools-when-tool-choice-none` (vLLM only).
     pub exclude_tools_when_tool_choice_none: bool,
-    /// Skip the count where a bound proves the outcome (docs/spec.md §15; vLLM only).
-    pub skip_count: bool,
+    /// Skip the count where a bound proves the outcome (docs/spec.md §15, §15a), as set;
+    /// unset means on where the backend keeps the bound's assumptions ([`Config::skips`]).
+    pub skip_count: Option<bool>,
     /// Translate the server's window errors into the client dialect's (docs/spec.md §13).
     pub translate_errors: bool,
     /// How long a learned window no count call refreshes is trusted.
@@ -594,7 +602,7 @@ impl Config {
             exclude_tools_when_tool_choice_none: raw
                 .exclude_tools_when_tool_choice_none
                 .is_some_and(|f| f.0),
-            skip_count: raw.skip_count.map(|f| f.0).unwrap_or(false),
+            skip_count: raw.skip_count.map(|f| f.0),
             translate_errors: raw.translate_errors.map(|f| f.0).unwrap_or(true),
             window_ttl_ms: raw.window_ttl_ms.map_or(DEFAULT_WINDOW_TTL_MS, |v| v.0),
             routes: Vec::new(),
@@ -704,10 +712,10 @@ impl Config {
                 "is a vllm setting (tokenizer.backend is not vllm)",
             ));
         }
-        if self.skip_count && self.tokenizer.backend != Backend::Vllm {
+        if self.skip_count == Some(true) && !self.tokenizer.backend.keeps_the_bound() {
             return Err(err(
                 &format!("{prefix}skip_count"),
-                "is a vllm setting (tokenizer.backend is not vllm)",
+                "is a vllm and vllm-render setting (their counts keep the bound's assumptions)",
             ));
         }
         self.check_window().map_err(|e| ConfigError {
@@ -855,6 +863,12 @@ impl Config {
             (Some(list), Some(m)) => list.iter().any(|x| x == m),
             (Some(_), None) => false,
         }
+    }
+
+    /// Whether a bound may stand in for a count (docs/spec.md §15a): on by default where the
+    /// backend keeps the bound's assumptions, off with `skip_count: false`.
+    pub fn skips(&self) -> bool {
+        self.skip_count.unwrap_or(true) && self.tokenizer.backend.keeps_the_bound()
     }
 
     /// The route that names `model`, if any (docs/spec.md §16).

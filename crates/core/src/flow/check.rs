@@ -4,16 +4,27 @@
 
 use super::count;
 use super::exchange::{Awaited, Pending, Waiting};
+use super::proof::BAND_SLACK;
 use super::route::Ctx;
 use super::store::Flag;
 use super::Metric;
 use crate::backend::{self, Counted};
 use crate::tokenize::Failure;
 
+/// What a check needs of a request sent on a bound.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sent {
+    pub key: u128,
+    pub link: Option<u128>,
+    pub bound: u64,
+    /// A cap was written from the bound: it must be within [`BAND_SLACK`] of the count.
+    pub band: bool,
+}
+
 /// Sends the count of a request sent on `bound`; `None` when it cannot be sent.
-pub fn start(ctx: &mut Ctx, pending: Box<Pending>, bound: u64) -> Option<Waiting> {
+pub fn start(ctx: &mut Ctx, pending: Box<Pending>, bound: u64, band: bool) -> Option<Waiting> {
     let call = backend::count_call(ctx.config(), &pending.req, &pending.body)?;
-    let awaited = Awaited::Check { bound };
+    let awaited = Awaited::Check { bound, band };
     match count::send(ctx, pending, &call, awaited) {
         Ok(super::exchange::Next::Wait(waiting)) => {
             ctx.count(Metric::BoundChecks);
@@ -23,15 +34,10 @@ pub fn start(ctx: &mut Ctx, pending: Box<Pending>, bound: u64) -> Option<Waiting
     }
 }
 
-/// The count of a request sent on a bound: stored, and held against its bound.
-pub fn checked(
-    ctx: &mut Ctx,
-    model: &str,
-    key: u128,
-    link: Option<u128>,
-    bound: u64,
-    counted: Result<Counted, Failure>,
-) {
+/// The count of a request sent on a bound: stored, and held against its bound. A count above
+/// the bound, or, under a cap written from the bound, more than [`BAND_SLACK`] below it, turns
+/// skipping off for the route and model.
+pub fn checked(ctx: &mut Ctx, model: &str, sent: Sent, counted: Result<Counted, Failure>) {
     let counted = match counted {
         Ok(c) => c,
         Err(failure) => {
@@ -39,14 +45,16 @@ pub fn checked(
             return;
         }
     };
-    ctx.store_count(key, model, link, counted);
-    if counted.count <= bound {
+    ctx.store_count(sent.key, model, sent.link, counted);
+    let bound = sent.bound;
+    let loose = sent.band && bound.saturating_sub(counted.count) > BAND_SLACK;
+    if counted.count <= bound && !loose {
         return;
     }
     ctx.count(Metric::BoundViolations);
     if ctx.set_flag(Flag::SkipOff, model) {
         log::warn!(
-            "incontext: a count exceeded its bound ({} > {bound}); counting every request of this route from now on",
+            "incontext: a count broke its bound (count {}, bound {bound}); counting every request of this route from now on",
             counted.count
         );
     }

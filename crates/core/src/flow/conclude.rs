@@ -58,7 +58,8 @@ impl Verdict {
         };
         let config = ctx.config();
         let decision = decide(req, &body, config, count, learned);
-        let exact = count.source != Source::Estimate;
+        // P is the server's count (a bound is an upper bound of it, and an estimate a guess).
+        let exact = matches!(count.source, Source::Exact | Source::Cache);
         let written = match decision.outcome {
             Outcome::Rewrite { value, .. } => Some(value),
             _ => None,

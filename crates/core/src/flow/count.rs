@@ -95,7 +95,7 @@ pub fn send(
     call: &backend::Call,
     awaited: Awaited,
 ) -> Result<Next, Box<Pending>> {
-    if matches!(awaited, Awaited::Count | Awaited::Tail { .. }) {
+    if matches!(awaited, Awaited::Count | Awaited::Tail(_)) {
         pending.sent_ms = ctx.now_ms();
     }
     match ctx.dispatch(call) {
@@ -160,20 +160,19 @@ pub fn on_reply(ctx: &mut Ctx, waiting: Waiting, reply: &Reply) -> Option<Next> 
                 },
             }
         }
-        Awaited::Tail { base, need, w } => {
+        Awaited::Tail(needs) => {
             let counted = on_path(ctx, &pending, kind, reply);
-            proof::tail_counted(ctx, pending, (base, need, w), counted)
+            proof::tail_counted(ctx, pending, needs, counted)
         }
-        Awaited::Check { bound } => {
+        Awaited::Check { bound, band } => {
             let counted = parse(ctx, kind, reply);
-            super::check::checked(
-                ctx,
-                &pending.model,
-                pending.key,
-                pending.link,
+            let sent = super::check::Sent {
+                key: pending.key,
+                link: pending.link,
                 bound,
-                counted,
-            );
+                band,
+            };
+            super::check::checked(ctx, &pending.model, sent, counted);
             return None;
         }
     })

@@ -15,6 +15,7 @@
 use super::conclude::Verdict;
 use super::count;
 use super::orphan::Orphan;
+use super::proof::TailNeeds;
 use super::route::{Ctx, RouteId};
 use super::{
     Action, Host, Metric, Plugin, Reply, RequestBodyStep, RequestHead, RequestHeadStep, Step,
@@ -47,11 +48,11 @@ pub enum Awaited {
     Context,
     /// The whole prompt's count, then the decision.
     Count,
-    /// The count of the conversation's new messages alone: the request skips its count when
-    /// `base + count + need <= w`.
-    Tail { base: u64, need: u64, w: u64 },
-    /// The count of a request sent on this bound, after its stream ended.
-    Check { bound: u64 },
+    /// The count of the conversation's new messages alone, and what it must meet.
+    Tail(TailNeeds),
+    /// The count of a request sent on this bound (`band`: with a cap written from it), after
+    /// its stream ended.
+    Check { bound: u64, band: bool },
 }
 
 /// One call in flight.
@@ -69,6 +70,9 @@ pub enum Next {
     Wait(Waiting),
     /// A bound proves the outcome: the request goes on unchanged, checked after its stream.
     Send(Box<Pending>, u64),
+    /// A cap written from the bound P_hi: the request goes on rewritten, checked after its
+    /// stream.
+    Band(Box<Pending>, u64, Verdict),
     Conclude(Verdict),
 }
 
@@ -84,6 +88,7 @@ enum State {
     Sent {
         pending: Box<Pending>,
         bound: u64,
+        band: bool,
     },
 }
 
@@ -224,7 +229,22 @@ impl Exchange {
             Next::Send(pending, bound) => {
                 let verdict = Verdict::fits(ctx, &pending, bound);
                 let step = self.conclude(ctx, verdict);
-                self.state = State::Sent { pending, bound };
+                self.state = State::Sent {
+                    pending,
+                    bound,
+                    band: false,
+                };
+                step
+            }
+            Next::Band(pending, bound, verdict) => {
+                ctx.count(Metric::CountSkipped);
+                super::proof::anchor_bound(ctx, pending.link, bound);
+                let step = self.conclude(ctx, verdict);
+                self.state = State::Sent {
+                    pending,
+                    bound,
+                    band: true,
+                };
                 step
             }
             Next::Conclude(verdict) => self.conclude(ctx, verdict),
@@ -258,11 +278,16 @@ impl Exchange {
         if !matches!(self.state, State::Sent { .. }) {
             return;
         }
-        let State::Sent { pending, bound } = std::mem::take(&mut self.state) else {
+        let State::Sent {
+            pending,
+            bound,
+            band,
+        } = std::mem::take(&mut self.state)
+        else {
             return;
         };
         let mut ctx = self.ctx(plugin, host);
-        if let Some(waiting) = super::check::start(&mut ctx, pending, bound) {
+        if let Some(waiting) = super::check::start(&mut ctx, pending, bound, band) {
             self.state = State::Waiting(waiting);
         }
     }

@@ -24,7 +24,7 @@ pub struct Orphan {
 enum Kept {
     Context,
     Count,
-    Check(u64),
+    Check(u64, bool),
 }
 
 impl Orphan {
@@ -34,8 +34,8 @@ impl Orphan {
         let awaited = match waiting.awaited {
             Awaited::Context => Kept::Context,
             Awaited::Count => Kept::Count,
-            Awaited::Check { bound } => Kept::Check(bound),
-            Awaited::Tail { .. } => return None,
+            Awaited::Check { bound, band } => Kept::Check(bound, band),
+            Awaited::Tail(_) => return None,
         };
         let pending = *waiting.pending;
         Some(Orphan {
@@ -74,9 +74,15 @@ impl Orphan {
                     None => ctx.count(Metric::Failure(failure)),
                 },
             },
-            Kept::Check(bound) => {
+            Kept::Check(bound, band) => {
                 let counted = count::parse(&ctx, self.kind, reply);
-                check::checked(&mut ctx, &self.model, self.key, self.link, bound, counted)
+                let sent = check::Sent {
+                    key: self.key,
+                    link: self.link,
+                    bound,
+                    band,
+                };
+                check::checked(&mut ctx, &self.model, sent, counted)
             }
         }
         true

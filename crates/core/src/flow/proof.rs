@@ -2,6 +2,7 @@
 //! count of a prefix of the conversation plus the bytes of what it added, or, where those
 //! bytes do not prove it, plus the server's count of the new messages alone.
 
+use super::conclude::Verdict;
 use super::count;
 use super::exchange::{Awaited, Next, Pending};
 use super::route::Ctx;
@@ -10,23 +11,39 @@ use super::Metric;
 use crate::backend::{self, Counted};
 use crate::bound;
 use crate::dialect::Form;
+use crate::plan::{Count, Source};
 use crate::tokenize::Failure;
 
 /// What a bound found for a request.
 pub enum Proof {
-    /// The bound proves the outcome: P_hi.
+    /// The bound proves the caller's cap fits: P_hi.
     Fits(u64),
     /// Counting the new messages alone may prove it: the call, and what its count must meet.
     Tail(backend::Call, Awaited),
 }
 
-/// P_hi when a bound from a counted prefix of this conversation proves the outcome: the
-/// caller's cap fits (W − P_hi ≥ B), or, without a cap, the server's own default of the rest
-/// of the window does (W = C, W − P_hi ≥ R). Only where writing the cap back would change
-/// nothing: one cap member, of the field the rewrite writes, with a thinking budget that needs
-/// no lowering. Where the bytes of the new messages do not prove it, a count of those
-/// messages alone may: the call that asks it.
-pub fn prove(ctx: &mut Ctx, pending: &Pending, chain: &bound::Chain) -> Option<Proof> {
+/// How far below the exact cap a cap written from a bound may be (docs/spec.md §15a).
+pub const BAND_SLACK: u64 = 64;
+
+/// The allowance of a bound built from exact counts beyond the seam, at most: what the server
+/// may render less than the prefix and the tail counted apart (measured: 3 for Qwen3's
+/// template), with room to spare.
+const SEAM_BELOW: u64 = 32;
+
+/// What the bound must leave for the request's outcome to be known: `fits`, the output the
+/// caller's cap (or, without one, the server's default) needs; `band`, the output the rule
+/// requires for a rewrite, where a cap may be written from the bound.
+#[derive(Debug, Clone, Copy)]
+struct Needs {
+    fits: Option<u64>,
+    band: Option<u64>,
+}
+
+/// What a request must leave (see [`Needs`]), with W and C. `fits` only where writing the
+/// cap back would change nothing: one valid cap member, of the field the rewrite writes,
+/// with a thinking budget that needs no lowering; or none at all where the server itself
+/// takes the rest of the window (W = C). `band` wherever there is a valid cap.
+fn needs(ctx: &mut Ctx, pending: &Pending) -> Option<(Needs, u64)> {
     let req = &pending.req;
     let learned = match ctx.config().context_length {
         None => Some(ctx.context(&pending.model)?),
@@ -34,7 +51,8 @@ pub fn prove(ctx: &mut Ctx, pending: &Pending, chain: &bound::Chain) -> Option<P
     };
     let config = ctx.config();
     let (w, c) = crate::plan::window(config, learned).ok()?;
-    let need = match req.cap {
+    let reserve = config.min_output_tokens;
+    let fits = match req.cap {
         Some(cap) => {
             let same_field = req.target().1 == cap.field.name();
             let budget_ok = req.form != Form::Messages
@@ -42,14 +60,23 @@ pub fn prove(ctx: &mut Ctx, pending: &Pending, chain: &bound::Chain) -> Option<P
                     crate::dialect::messages::thinking_budget(req, &pending.body, cap.value),
                     Ok(None)
                 );
-            if req.cap_members.len() != 1 || !same_field || !budget_ok {
-                return None;
-            }
-            cap.value
+            (req.cap_members.len() == 1 && same_field && budget_ok).then_some(cap.value)
         }
-        None if req.form == Form::Chat && w == c => config.min_output_tokens,
-        None => return None,
+        None if req.cap_members.is_empty() && req.form == Form::Chat && w == c => Some(reserve),
+        None => None,
     };
+    let band = req.cap.map(|cap| cap.value.min(reserve));
+    (fits.is_some() || band.is_some()).then_some((Needs { fits, band }, w))
+}
+
+/// P_hi when a bound from a counted prefix of this conversation proves the outcome (the
+/// caller's cap fits: W − P_hi ≥ B; without a cap, W = C and W − P_hi ≥ R). Where the bytes
+/// of the new messages do not prove it, a count of those messages alone may: the call that
+/// asks it. That count may also let a cap be written from the bound, where the prefix's
+/// count is exact (docs/spec.md §15a).
+pub fn prove(ctx: &mut Ctx, pending: &Pending, chain: &bound::Chain) -> Option<Proof> {
+    let req = &pending.req;
+    let (needs, w) = needs(ctx, pending)?;
     if ctx.flagged(Flag::SkipOff, &pending.model) {
         return None;
     }
@@ -60,39 +87,66 @@ pub fn prove(ctx: &mut Ctx, pending: &Pending, chain: &bound::Chain) -> Option<P
         };
         let body = &pending.body;
         let bounds = bound::bounds(req.form, body, chain, k, anchor.tokens)?;
-        if bounds.p_hi.checked_add(need)? <= w {
-            return Some(Proof::Fits(bounds.p_hi));
+        let p_hi = bounds.p_hi;
+        if needs
+            .fits
+            .is_some_and(|need| p_hi.saturating_add(need) <= w)
+        {
+            return Some(Proof::Fits(p_hi));
         }
         let tail = bounds.tail?;
-        if !tail.may_prove(need, w) || ctx.flagged(Flag::TailOff, &pending.model) {
+        let seam = tail.base.saturating_sub(anchor.tokens);
+        let band = needs
+            .band
+            .filter(|_| anchor.exact && seam.saturating_add(SEAM_BELOW) <= BAND_SLACK);
+        let fits = needs.fits;
+        let worth = |need: Option<u64>| need.is_some_and(|need| tail.may_prove(need, w));
+        if !(worth(fits) || worth(band)) || ctx.flagged(Flag::TailOff, &pending.model) {
             return None;
         }
         let messages = bound::tail_array(body, tail.items)?;
         let call = backend::tail_call(ctx.config(), req, body, &messages)?;
-        let awaited = Awaited::Tail {
+        let awaited = Awaited::Tail(TailNeeds {
             base: tail.base,
-            need,
+            fits,
+            band,
             w,
-        };
+        });
         return Some(Proof::Tail(call, awaited));
     }
     None
 }
 
-/// The tail's count: the request skips its count when it proves the outcome, and is counted
-/// whole otherwise. A server that refuses to count a tail alone (its template wants a whole
+/// What a tail's count must meet: P_hi = `base` + the count; the request skips its count
+/// when W − P_hi ≥ `fits`, and has its cap written from P_hi when W − P_hi ≥ `band`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TailNeeds {
+    pub base: u64,
+    pub fits: Option<u64>,
+    pub band: Option<u64>,
+    pub w: u64,
+}
+
+/// The tail's count: the request skips its count when it proves the outcome, has its cap
+/// written from the bound where the bound leaves what the rule requires, and is counted whole
+/// otherwise. A server that refuses to count a tail alone (its template wants a whole
 /// conversation) is not asked again for this route and model.
 pub fn tail_counted(
     ctx: &mut Ctx,
     pending: Box<Pending>,
-    (base, need, w): (u64, u64, u64),
+    needs: TailNeeds,
     counted: Result<Counted, Failure>,
 ) -> Next {
     match counted {
         Ok(c) => {
-            let p_hi = base.saturating_add(c.count);
-            if p_hi.saturating_add(need) <= w {
+            let p_hi = needs.base.saturating_add(c.count);
+            let leaves =
+                |need: Option<u64>| need.is_some_and(|need| p_hi.saturating_add(need) <= needs.w);
+            if leaves(needs.fits) {
                 return Next::Send(pending, p_hi);
+            }
+            if leaves(needs.band) {
+                return band(ctx, pending, p_hi, needs.w);
             }
         }
         Err(failure) => {
@@ -110,6 +164,35 @@ pub fn tail_counted(
         }
     }
     count::whole(ctx, pending)
+}
+
+/// The cap written from P_hi: the rule's own decision with P_hi for P. P_hi ≥ P, so the cap
+/// is never above the exact one, and W − P_hi ≥ what the rule requires, so the exact count
+/// would rewrite too. Where the decision is anything but a rewrite (a thinking budget to
+/// lower, say), the whole prompt is counted.
+fn band(ctx: &mut Ctx, pending: Box<Pending>, p_hi: u64, w: u64) -> Next {
+    let count = Count {
+        tokens: p_hi,
+        source: Source::Bound,
+        max_model_len: None,
+    };
+    let value = (pending.req.cap).map_or(0, |cap| cap.value.min(w.saturating_sub(p_hi)));
+    match needs_no_budget(&pending, value)
+        .then(|| Verdict::decide(ctx, &pending.req, pending.body.clone(), count))
+    {
+        Some(verdict @ Verdict::Rewritten { .. }) => Next::Band(pending, p_hi, verdict),
+        _ => count::whole(ctx, pending),
+    }
+}
+
+/// An Anthropic thinking budget stays as it is under the cap `value`.
+fn needs_no_budget(pending: &Pending, value: u64) -> bool {
+    let req = &pending.req;
+    req.form != Form::Messages
+        || matches!(
+            crate::dialect::messages::thinking_budget(req, &pending.body, value),
+            Ok(None)
+        )
 }
 
 /// A request sent on P_hi anchors its conversation at once with the bound (the exact count

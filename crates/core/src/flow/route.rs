@@ -3,7 +3,7 @@
 
 use super::{Call, Histogram, Host, Metric};
 use crate::backend;
-use crate::config::{Backend, Config};
+use crate::config::Config;
 use crate::dialect::Form;
 use crate::request::Request;
 use std::cell::Cell;
@@ -56,8 +56,7 @@ impl Route {
 
     /// Whether a bound may stand in for this request's count (docs/spec.md §15).
     pub fn skipping(&self, req: &Request) -> bool {
-        self.config.skip_count
-            && self.config.tokenizer.backend == Backend::Vllm
+        self.config.skips()
             && matches!(req.form, Form::Chat | Form::Messages)
             && req.truncate.is_none()
     }

@@ -45,13 +45,13 @@ fn a_bound_that_does_not_prove_the_outcome_counts() {
     let p = plugin(SKIP);
     let mut host = FakeHost::default();
     let cap = r#","max_tokens":16000"#;
-    anchor(&p, &mut host, 24900);
+    anchor(&p, &mut host, 40880);
     let (mut y, step) = send(&p, &mut host, "/v1/chat/completions", leak(session(2, cap)));
     assert!(
         matches!(step, Step::Wait),
-        "24900 + the bound of a turn > 40960 − 16000"
+        "40880 + the bound of a turn leaves less than R = 64"
     );
-    // Not even a quarter of the new bytes a token would fit: the whole prompt is counted.
+    // Not even a quarter of the new bytes a token would leave R: the whole prompt is counted.
     assert_eq!(host.calls.len(), 2);
     assert_eq!(host.count(Metric::TailCounts), 0);
     let v = rewritten(reply(
@@ -59,9 +59,10 @@ fn a_bound_that_does_not_prove_the_outcome_counts() {
         &mut host,
         &mut y,
         200,
-        r#"{"count":25000,"max_model_len":40960}"#,
+        r#"{"count":40890,"max_model_len":40960}"#,
     ));
-    assert_eq!(v["max_tokens"], 15960);
+    assert_eq!(v["max_tokens"], 70);
+    assert_eq!(header(&y, &p, HEADER_SOURCE).as_deref(), Some("exact"));
 }
 
 /// The payload of call `i` as JSON.
@@ -127,17 +128,76 @@ fn a_count_of_the_new_messages_alone_proves_what_their_bytes_do_not() {
 }
 
 #[test]
-fn a_tail_count_that_does_not_prove_it_is_followed_by_the_whole_count() {
+fn near_the_edge_the_cap_is_written_from_a_bound_of_exact_counts() {
     let p = plugin(SKIP);
     let mut host = FakeHost::default();
     let (mut y, _) = tail_turn(&p, &mut host, 24800);
-    // 24800 + 150 + SEAM > 24960: the whole prompt is counted, and decides.
-    let step = reply(
+    // 24800 + 150 + SEAM = 24966 > 24960 = W − B, but leaves R: the cap is written from it.
+    let p_hi = 24800 + 150 + bound::SEAM;
+    let v = rewritten(reply(
         &p,
         &mut host,
         &mut y,
         200,
         r#"{"count":150,"max_model_len":40960}"#,
+    ));
+    assert_eq!(v["max_tokens"], 40960 - p_hi);
+    assert_eq!(host.calls.len(), 2, "no whole count on the path");
+    assert_eq!(host.count(Metric::CountCalls), 1, "the first turn's only");
+    assert_eq!(host.count(Metric::CountSkipped), 1);
+    assert_eq!(host.count(Metric::Rewritten), 2, "the first turn's and this one");
+    assert_eq!(action(&y, &p), "rewritten");
+    assert_eq!(header(&y, &p, HEADER_SOURCE).as_deref(), Some("bound"));
+    assert_eq!(header(&y, &p, HEADER_PROMPT), Some(p_hi.to_string()));
+    // Checked after the stream, as any request sent on a bound: within 64 of the count.
+    y.on_stream_end(&p, &mut host);
+    assert_eq!(call_json(&host, 2)["messages"].as_array().unwrap().len(), 6);
+    answer_check(&p, &mut host, &mut y, p_hi - 19);
+    assert_eq!(host.count(Metric::BoundViolations), 0);
+    // A bound more than 64 above the count is a violation too: skipping goes off.
+    let (mut z, _) = send(
+        &p,
+        &mut host,
+        "/v1/chat/completions",
+        leak(session(3, r#","max_tokens":16000"#)),
+    );
+    let step = reply(
+        &p,
+        &mut host,
+        &mut z,
+        200,
+        r#"{"count":150,"max_model_len":40960}"#,
+    );
+    let written = rewritten(step)["max_tokens"].as_u64().unwrap();
+    let z_hi = 40960 - written;
+    z.on_stream_end(&p, &mut host);
+    answer_check(&p, &mut host, &mut z, z_hi - 65);
+    assert_eq!(host.count(Metric::BoundViolations), 1);
+    let calls = host.calls.len();
+    let (_, step) = send(
+        &p,
+        &mut host,
+        "/v1/chat/completions",
+        leak(session(4, r#","max_tokens":16000"#)),
+    );
+    assert!(matches!(step, Step::Wait));
+    assert_eq!(host.calls.len(), calls + 1);
+    assert_eq!(host.count(Metric::TailCounts), 2, "a whole count, no tail");
+}
+
+#[test]
+fn a_tail_count_that_leaves_less_than_r_is_followed_by_the_whole_count() {
+    let p = plugin(SKIP);
+    let mut host = FakeHost::default();
+    let (mut y, _) = tail_turn(&p, &mut host, 40800);
+    assert_eq!(host.count(Metric::TailCounts), 1);
+    // 40800 + 120 + SEAM + R > 40960: the whole prompt is counted, and decides.
+    let step = reply(
+        &p,
+        &mut host,
+        &mut y,
+        200,
+        r#"{"count":120,"max_model_len":40960}"#,
     );
     assert!(matches!(step, Step::Wait));
     assert_eq!(host.calls.len(), 3);
@@ -149,9 +209,9 @@ fn a_tail_count_that_does_not_prove_it_is_followed_by_the_whole_count() {
         &mut host,
         &mut y,
         200,
-        r#"{"count":24970,"max_model_len":40960}"#,
+        r#"{"count":40880,"max_model_len":40960}"#,
     ));
-    assert_eq!(v["max_tokens"], 40960 - 24970);
+    assert_eq!(v["max_tokens"], 80);
     assert_eq!(header(&y, &p, HEADER_SOURCE).as_deref(), Some("exact"));
 }
 
@@ -297,6 +357,12 @@ fn bad_input_falls_back_to_a_full_count() {
         ("two caps", grown.replace(cap, r#","max_tokens":16000,"max_completion_tokens":16000"#), ""),
         ("renamed", grown.replace("max_tokens", "max_output_tokens"), ""),
         ("truncate", grown.replace(cap, r#","max_tokens":16000,"truncate_prompt_tokens":100"#), ""),
+        // Invalid, duplicate caps: the exact count would remove them and write a valid one.
+        ("negative cap", grown.replace(cap, r#","max_tokens":-5"#), ""),
+        ("text cap", grown.replace(cap, r#","max_tokens":"abc""#), ""),
+        ("fraction cap", grown.replace(cap, r#","max_tokens":1.5"#), ""),
+        ("null cap", grown.replace(cap, r#","max_tokens":null"#), ""),
+        ("twice", grown.replace(cap, r#","max_tokens":16000,"max_tokens":16000"#), ""),
         // Content the bound cannot see through.
         (
             "image",
@@ -346,7 +412,7 @@ fn bad_input_falls_back_to_a_full_count() {
         "a shorter body has no counted prefix"
     );
     // Skipping off: counted.
-    let p = plugin(r#","context_length":40960"#);
+    let p = plugin(r#","context_length":40960,"skip_count":false"#);
     let mut host = FakeHost::default();
     let (mut x, _) = send(&p, &mut host, "/v1/chat/completions", leak(first));
     reply(

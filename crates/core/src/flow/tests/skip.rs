@@ -145,7 +145,11 @@ fn near_the_edge_the_cap_is_written_from_a_bound_of_exact_counts() {
     assert_eq!(host.calls.len(), 2, "no whole count on the path");
     assert_eq!(host.count(Metric::CountCalls), 1, "the first turn's only");
     assert_eq!(host.count(Metric::CountSkipped), 1);
-    assert_eq!(host.count(Metric::Rewritten), 2, "the first turn's and this one");
+    assert_eq!(
+        host.count(Metric::Rewritten),
+        2,
+        "the first turn's and this one"
+    );
     assert_eq!(action(&y, &p), "rewritten");
     assert_eq!(header(&y, &p, HEADER_SOURCE).as_deref(), Some("bound"));
     assert_eq!(header(&y, &p, HEADER_PROMPT), Some(p_hi.to_string()));

@@ -28,7 +28,8 @@ from tests.harness.upstream import Answer, ok
 STRICT = "strict/model"
 # skip_count for the bound's counters, a route for the per-route counters (it rejects what
 # does not fit, for incontext_rejected).
-CONFIG = cfg(skip_count=True, routes=[{"model": STRICT, "on_insufficient": "reject"}])
+CONFIG = cfg(skip_count=True,
+             routes=[{"model": STRICT, "name": "strict", "on_insufficient": "reject"}])
 
 
 def wait_for(proxy, name: str, at_least: int, timeout=20.0):
@@ -53,7 +54,7 @@ def drive(proxy, upstream):
     assert_unchanged(proxy.post(b"not json"), "not_json")
     routed = proxy.post(chat(max_tokens=100000, model=STRICT))
     assert routed.action == "rewritten", routed.describe()
-    assert routed.delta.get("incontext_route_0_rewritten") == 1, routed.delta
+    assert routed.delta.get("incontext_route_strict_rewritten") == 1, routed.delta
 
     upstream.tokenizer.count(W)                            # no room left: the route rejects
     rejected = proxy.post(chat(max_tokens=100000, model=STRICT))
@@ -129,16 +130,16 @@ def test_every_metric_the_monitoring_reads_is_exported_and_moves(proxy_for, upst
     assert all(set(labels) == {"le"} for labels, _ in buckets), buckets
 
 
-def test_the_route_panel_reads_numbered_and_named_routes(proxy_for, upstream, analyser):
-    """Routes' counters are `incontext_route_<route>_*`, the route a number or a name: the
-    per-route queries give each route its label either way."""
+def test_the_route_panel_reads_named_and_numbered_routes(proxy_for, upstream, analyser):
+    """Routes' counters are `incontext_route_<route>_*`: the per-route queries give each route
+    its label, for a route's name as Envoy exports it and for a number in its place."""
     proxy = proxy_for(CONFIG)
     text = proxy.envoy.prometheus()
-    named = re.sub(r"^incontext_route_0_", "incontext_route_coder_", text, flags=re.M)
-    assert named != text
+    numbered = re.sub(r"^incontext_route_strict_", "incontext_route_0_", text, flags=re.M)
+    assert numbered != text
     route_queries = [q for q in promql.dashboard_queries() if "incontext_route_" in q.expr]
     assert len(route_queries) == 2, [q.where for q in route_queries]
-    for exposition, route in ((text, "0"), (named, "coder")):
+    for exposition, route in ((text, "strict"), (numbered, "0")):
         e = promql.parse_exposition(exposition)
         for q in route_queries:
             analysis = analyser.analyse(q.promql)

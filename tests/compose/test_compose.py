@@ -99,7 +99,7 @@ def doc() -> dict:
 
 def test_compose_file_is_valid(doc):
     assert set(doc["services"]) >= {"envoy", "vllm", "vllm-cpu", "envoy-sglang", "sglang",
-                                    "envoy-llamacpp", "llamacpp"}
+                                    "envoy-llamacpp", "llamacpp", "prometheus", "grafana"}
 
 
 def _set(path, value):
@@ -147,6 +147,12 @@ BROKEN = {
     "profiles not a list": _set(["services", "llamacpp", "profiles"], {"llamacpp": True}),
     "healthcheck retries not a number": _set(
         ["services", "sglang", "healthcheck", "retries"], "five"),
+    "Grafana depends on an undefined service": _set(
+        ["services", "grafana", "depends_on"], {"prom": {"condition": "service_healthy"}}),
+    "undefined Prometheus data volume": _pop(["volumes", "prometheus-data"]),
+    "Prometheus published port not a number": _set(
+        ["services", "prometheus", "ports"], ["127.0.0.1:ninety:9090"]),
+    "Grafana environment as a number": _set(["services", "grafana", "environment"], 3),
 }
 
 
@@ -284,6 +290,9 @@ def test_ports_listener_public_admin_loopback_only(doc):
         assert not doc["services"][name].get("ports"), name
     for name in ("envoy-sglang", "envoy-llamacpp"):
         assert doc["services"][name]["ports"] == doc["services"]["envoy"]["ports"], name
+    # The monitoring profile's UIs: host loopback only.
+    assert doc["services"]["prometheus"]["ports"] == ["127.0.0.1:9090:9090"]
+    assert doc["services"]["grafana"]["ports"] == ["127.0.0.1:3000:3000"]
 
 
 def test_images_pinned_to_the_tested_versions(doc):
@@ -301,6 +310,8 @@ def test_images_pinned_to_the_tested_versions(doc):
     sglang_version = re.search(r"^sglang==(\S+)$", sreqs, re.M).group(1)
     assert s["sglang"]["image"] == f"lmsysorg/sglang:v{sglang_version}"
     assert re.fullmatch(r"ghcr\.io/ggml-org/llama\.cpp:server(-b\d+)?", s["llamacpp"]["image"])
+    assert re.fullmatch(r"prom/prometheus:v\d+\.\d+\.\d+", s["prometheus"]["image"])
+    assert re.fullmatch(r"grafana/grafana:\d+\.\d+\.\d+", s["grafana"]["image"])
     for svc in s.values():
         assert "latest" not in svc["image"], svc["image"]
 
@@ -456,6 +467,88 @@ def test_envoy_config_passes_envoy_validate(config_name, tmp_path):
     text_out = out.stdout + out.stderr
     assert out.returncode == 0 and "OK" in text_out, text_out[-3000:]
     assert "invalid configuration" not in text_out, text_out[-3000:]
+
+
+# --- the monitoring profile ------------------------------------------------------------------
+PROMETHEUS_DIR = ROOT / "deploy" / "prometheus"
+GRAFANA_DIR = ROOT / "deploy" / "grafana"
+# Every backend profile: its Envoy service and that Envoy's config.
+ENVOYS = {p: (envoy, config) for p, (envoy, config, _, _) in PROFILES.items()}
+ENVOYS["render"] = ("envoy-render", "envoy-render.yaml")
+
+
+def prometheus_config() -> dict:
+    return yaml.safe_load((PROMETHEUS_DIR / "prometheus.yml").read_text(encoding="utf-8"))
+
+
+def mount_of(svc, container_path: str):
+    """The bind mount holding ``container_path`` and the host path it maps to."""
+    for target, m in bind_mounts(svc).items():
+        if container_path == target or container_path.startswith(target.rstrip("/") + "/"):
+            return m, (ROOT / m["source"] / container_path[len(target):].lstrip("/")).resolve()
+    raise AssertionError(f"nothing mounted at {container_path}: {bind_mounts(svc)}")
+
+
+def test_monitoring_only_with_its_profile(doc):
+    for profile in ENVOYS:
+        active = active_services(doc, [profile])
+        assert "prometheus" not in active and "grafana" not in active, profile
+    assert set(active_services(doc, ["monitoring"])) == {"prometheus", "grafana"}
+
+
+@pytest.mark.parametrize("profile", list(ENVOYS))
+def test_prometheus_scrapes_the_envoy_of_each_profile(doc, profile):
+    """Beside any backend profile, Prometheus' one target names that profile's Envoy and its
+    admin port, which the Envoy's command line opens to the compose network."""
+    envoy_name, config_name = ENVOYS[profile]
+    active = active_services(doc, [profile, "monitoring"])
+    (job,) = prometheus_config()["scrape_configs"]
+    assert job["metrics_path"] == "/stats/prometheus", job
+    ((target,),) = [sc["targets"] for sc in job["static_configs"]]
+    host, port = target.rsplit(":", 1)
+    answering = [n for n, svc in active.items() if host in names_of(n, svc)]
+    assert answering == [envoy_name], answering
+    admin = load_config(config_name)["admin"]["address"]["socket_address"]
+    assert int(port) == admin["port_value"], (target, admin)
+    cmd = [str(c) for c in active[envoy_name]["command"]]
+    override = yaml.safe_load(cmd[cmd.index("--config-yaml") + 1])
+    assert override["admin"]["address"]["socket_address"]["address"] == "0.0.0.0", cmd
+
+
+def test_prometheus_mounts_its_config_and_rules(doc):
+    svc = doc["services"]["prometheus"]
+    cmd = [str(c) for c in svc["command"]]
+    (config,) = [c.split("=", 1)[1] for c in cmd if c.startswith("--config.file=")]
+    m, host_config = mount_of(svc, config)
+    assert m["read_only"], m
+    assert host_config == (PROMETHEUS_DIR / "prometheus.yml").resolve(), host_config
+    rules = prometheus_config()["rule_files"]
+    assert rules, "no rule files"
+    for rule in rules:   # relative to the config file, inside the same mount
+        _, host_rule = mount_of(svc, str(Path(config).parent / rule))
+        assert host_rule.is_file(), host_rule
+    (storage,) = [c.split("=", 1)[1] for c in cmd if c.startswith("--storage.tsdb.path=")]
+    assert f"prometheus-data:{storage}" in svc["volumes"], svc["volumes"]
+    assert not any(c.startswith("--web.listen-address") for c in cmd), "Prometheus listens on 9090"
+    assert any(":9090/-/ready" in part for part in svc["healthcheck"]["test"]), svc["healthcheck"]
+
+
+def test_grafana_provisioning_is_mounted_and_reaches_prometheus(doc):
+    svc = doc["services"]["grafana"]
+    m, host = mount_of(svc, "/etc/grafana/provisioning")
+    assert m["read_only"] and host == (GRAFANA_DIR / "provisioning").resolve(), (m, host)
+    (source,) = yaml.safe_load((host / "datasources" / "incontext.yml").read_text())["datasources"]
+    url = re.fullmatch(r"http://([a-z0-9-]+):(\d+)", source["url"])
+    assert url, source["url"]
+    active = active_services(doc, ["monitoring"])
+    assert [n for n, s in active.items() if url.group(1) in names_of(n, s)] == ["prometheus"]
+    assert url.group(2) == "9090", source["url"]
+    (provider,) = yaml.safe_load((host / "dashboards" / "incontext.yml").read_text())["providers"]
+    dashboard = provider["options"]["path"].rstrip("/") + "/incontext.json"
+    m, host_dashboard = mount_of(svc, dashboard)
+    assert m["read_only"] and host_dashboard == (GRAFANA_DIR / "incontext.json").resolve(), m
+    assert svc["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"] == dashboard
+    assert svc["depends_on"]["prometheus"]["condition"] == "service_healthy"
 
 
 # --- the Envoy service, run for real -------------------------------------------------------

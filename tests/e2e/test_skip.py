@@ -26,6 +26,17 @@ def turns(n, cap):
     return out
 
 
+def second_turn(proxy, upstream, cap, answer):
+    """A conversation with caps ``cap`` whose first turn is counted as 1000 (and rewritten),
+    then its second turn sent with the tokenizer answering ``answer(record)``: (the three
+    turns, the second's result)."""
+    t1, t2, t3 = turns(3, cap)
+    upstream.tokenizer.count(1000)
+    assert_rewritten(proxy.post(t1), 1000)
+    upstream.tokenizer.respond(answer)
+    return (t1, t2, t3), proxy.post(t2)
+
+
 def assert_skipped(res):
     """Unchanged with the bound as its count, and no count call before it went upstream (the
     check after the upstream answered may already be in)."""
@@ -46,10 +57,7 @@ def wait_for_calls(upstream, n, timeout=10.0):
 
 def test_a_grown_turn_skips_the_count_and_is_checked_after(proxy_for, upstream):
     proxy = proxy_for(SKIP, fresh=True)
-    t1, t2, _ = turns(3, 16000)
-    upstream.tokenizer.count(1000)
-    assert_rewritten(proxy.post(t1), 1000)
-    second = proxy.post(t2)
+    _, second = second_turn(proxy, upstream, 16000, lambda rec: ok(1000))
     assert_skipped(second)
     p_hi = int(second.h("x-incontext-prompt-tokens"))
     assert 1000 < p_hi <= C - 16000, second.describe()
@@ -69,11 +77,8 @@ def test_a_grown_turn_skips_the_count_and_is_checked_after(proxy_for, upstream):
 def test_a_count_above_its_bound_turns_skipping_off(proxy_for, upstream):
     """A tokenizer whose counts break the byte bound (far more tokens than bytes)."""
     proxy = proxy_for(SKIP, fresh=True)
-    t1, t2, t3 = turns(3, 100)
-    upstream.tokenizer.count(1000)
-    assert_rewritten(proxy.post(t1), 1000)
-    upstream.tokenizer.count(30000)  # the next call is the check of the skipped second turn
-    second = proxy.post(t2)
+    # The next call is the check of the skipped second turn.
+    (_, _, t3), second = second_turn(proxy, upstream, 100, lambda rec: ok(30000))
     assert_skipped(second)
     wait_for_calls(upstream, 2)
     deadline = time.monotonic() + 10
@@ -122,11 +127,7 @@ def test_the_new_messages_counted_alone_prove_what_their_bytes_do_not(proxy_for,
     proxy = proxy_for(SKIP, fresh=True)
     # W − B leaves 300 tokens after the first turn's 1000: a tool round's bytes (≈ 400) do not
     # prove the second turn fits, a quarter of them may.
-    t1, t2, _ = turns(3, C - 1300)
-    upstream.tokenizer.count(1000)
-    assert_rewritten(proxy.post(t1), 1000)
-    upstream.tokenizer.respond(tail_count(1000, 50))
-    second = proxy.post(t2)
+    _, second = second_turn(proxy, upstream, C - 1300, tail_count(1000, 50))
     assert_unchanged(second, "fits")
     assert second.source == "bound", second.describe()
     assert int(second.h("x-incontext-prompt-tokens")) == 1000 + 50 + 16, second.describe()
@@ -146,16 +147,11 @@ def test_the_new_messages_counted_alone_prove_what_their_bytes_do_not(proxy_for,
 
 def test_a_tail_the_tokenizer_refuses_is_counted_whole_from_then_on(proxy_for, upstream):
     proxy = proxy_for(SKIP, fresh=True)
-    t1, t2, t3 = turns(3, C - 1300)
-    upstream.tokenizer.count(1000)
-    assert_rewritten(proxy.post(t1), 1000)
-
     def refuse_tails(rec):
         if any(m.get("role") == "system" for m in rec.json().get("messages", [])):
             return ok(1000)
         return ("raw", 400, b'{"error":"roles must alternate: secret-canary"}', "application/json")
-    upstream.tokenizer.respond(refuse_tails)
-    second = proxy.post(t2)
+    (_, _, t3), second = second_turn(proxy, upstream, C - 1300, refuse_tails)
     assert_rewritten(second, 1000)
     assert len(second.tokenize) == 2, second.describe()   # the tail's, then the whole's
     counters = proxy.envoy.counters()

@@ -312,6 +312,7 @@ fn response(c: &mut Criterion) {
         context: Some(32768),
         cap: Some(29768),
         window_cap: None,
+        usage: false,
     };
     let watched = Budget {
         window_cap: Some(29768),

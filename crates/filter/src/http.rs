@@ -314,7 +314,7 @@ impl Http {
                 end_of_stream,
             };
             match exchange.on_response_head(&shared.plugin, &head) {
-                response::HeadStep::Pass => {}
+                response::HeadStep::Pass | response::HeadStep::Observe => {}
                 response::HeadStep::Hold | response::HeadStep::Watch => {
                     // The body may change length.
                     let removed = view

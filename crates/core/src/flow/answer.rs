@@ -56,6 +56,9 @@ impl Exchange {
         if out.window_stop {
             ctx.count(Metric::WindowStop);
         }
+        if let Some(prompt) = out.usage {
+            self.on_usage(&mut ctx, prompt);
+        }
         out.edit
     }
 

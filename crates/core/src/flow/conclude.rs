@@ -89,6 +89,8 @@ impl Verdict {
             context,
             cap: written.or(caller),
             window_cap,
+            // The answer's usage checks the count (docs/spec.md §15a).
+            usage: matches!(count.source, Source::Exact | Source::Cache),
         };
         let (prompt, source) = (decision.prompt, decision.source);
         match decision.outcome {
@@ -139,6 +141,8 @@ impl Verdict {
             context,
             cap: pending.req.cap.map(|c| c.value),
             window_cap: None,
+            // The answer's usage checks the bound and anchors the next turn.
+            usage: true,
         };
         Verdict::Unchanged {
             reason: Reason::Fits,
@@ -170,6 +174,7 @@ impl Verdict {
             context: windows.map(|(_, c)| c),
             cap: caller,
             window_cap: None,
+            usage: false,
         };
         let reject = config.on_insufficient == OnInsufficient::Reject;
         match windows {

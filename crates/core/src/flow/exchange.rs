@@ -292,6 +292,48 @@ impl Exchange {
         }
     }
 
+    /// The answer reported its prompt (docs/spec.md §15a): a request sent on a bound is
+    /// checked by it, and its conversation anchored, with no count; an exact count it
+    /// differs from is counted and logged (once per route and model).
+    pub(super) fn on_usage(&mut self, ctx: &mut Ctx, prompt: u64) {
+        match std::mem::take(&mut self.state) {
+            State::Sent {
+                pending,
+                bound,
+                band,
+            } => {
+                ctx.count(Metric::UsageChecks);
+                let sent = super::check::Sent {
+                    key: pending.key,
+                    link: pending.link,
+                    bound,
+                    band,
+                };
+                let counted = crate::backend::Counted {
+                    count: prompt,
+                    window: None,
+                };
+                super::check::checked(ctx, &pending.model, sent, Ok(counted));
+            }
+            other => {
+                self.state = other;
+                let Some(budget) = self.budget.as_ref() else {
+                    return;
+                };
+                let counted = budget.prompt.filter(|_| budget.exact);
+                if counted.is_some_and(|p| p != prompt) {
+                    ctx.count(Metric::UsageMismatch);
+                    if ctx.set_flag(super::store::Flag::UsageMismatch, &budget.model) {
+                        log::warn!(
+                            "incontext: the server's usage differs from the count (usage {prompt}, count {}); are the tokenizer route and the server the same?",
+                            counted.unwrap_or(0)
+                        );
+                    }
+                }
+            }
+        }
+    }
+
     /// The stream ended: what its call still needs when one is out (the request itself is
     /// let go). The exchange then passes everything.
     pub fn abandon(&mut self) -> Option<Orphan> {

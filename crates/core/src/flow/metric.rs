@@ -30,10 +30,14 @@ pub enum Metric {
     Translated,
     /// An Anthropic answer ended by the window reports `model_context_window_exceeded`.
     WindowStop,
+    /// A request sent on a bound checked by the usage its answer reported (no count).
+    UsageChecks,
+    /// An answer's usage differs from the exact count the filter decided with.
+    UsageMismatch,
 }
 
 /// The counters that are not a reason or a failure, in the order of [`Metric::all`].
-const PLAIN: [Metric; 14] = [
+const PLAIN: [Metric; 16] = [
     Metric::Requests,
     Metric::Rewritten,
     Metric::Rejected,
@@ -48,6 +52,8 @@ const PLAIN: [Metric; 14] = [
     Metric::TailCounts,
     Metric::Translated,
     Metric::WindowStop,
+    Metric::UsageChecks,
+    Metric::UsageMismatch,
 ];
 
 impl Metric {
@@ -88,6 +94,8 @@ impl Metric {
             Metric::TailCounts => "tail_counts",
             Metric::Translated => "translated",
             Metric::WindowStop => "window_stop",
+            Metric::UsageChecks => "usage_checks",
+            Metric::UsageMismatch => "usage_mismatch",
             Metric::Unchanged(r) => return format!("unchanged_{}", r.as_str()),
             Metric::Failure(f) => return format!("tokenizer_failures_{}", f.as_str()),
         };

@@ -8,7 +8,8 @@
 //! * anchors (`cache_entries` slots): the count of the conversation that ended with a prefix
 //!   (docs/spec.md §15);
 //! * contexts ([`MODEL_SLOTS`]): a context length learned for a route and model, and when;
-//! * flags ([`MODEL_SLOTS`] each): skipping off, tails off, for a route and model.
+//! * flags ([`MODEL_SLOTS`] each): skipping off, tails off, a usage mismatch logged, for a
+//!   route and model.
 
 use super::route::Ctx;
 use crate::backend::Counted;
@@ -29,6 +30,8 @@ pub enum Flag {
     SkipOff,
     /// The server refused to count a conversation's new messages alone.
     TailOff,
+    /// An answer's usage differed from the count (logged once).
+    UsageMismatch,
 }
 
 impl Flag {
@@ -36,6 +39,7 @@ impl Flag {
         match self {
             Flag::SkipOff => "skip_off",
             Flag::TailOff => "tail_off",
+            Flag::UsageMismatch => "usage_mismatch",
         }
     }
 }

@@ -13,6 +13,7 @@
 
 pub mod errors;
 pub mod stop;
+pub mod usage;
 pub mod window;
 
 pub use errors::Dialect;
@@ -44,6 +45,8 @@ pub struct Budget {
     /// Anthropic: the cap the filter wrote because the window left no more (below the
     /// caller's B); an answer that uses all of it was ended by the window.
     pub window_cap: Option<u64>,
+    /// Read the prompt size the answer reports (`usage`), for the flow (docs/spec.md §15a).
+    pub usage: bool,
 }
 
 /// The answer's head as the flow reads it.
@@ -68,6 +71,9 @@ pub enum HeadStep {
     /// An answer whose stop reason may change: remove `content-length`; every chunk is
     /// handed to [`Response::on_data`] and passes at once.
     Watch,
+    /// An answer only read (its usage): every chunk is handed to [`Response::on_data`] and
+    /// passes at once, unchanged; the headers stay as they are.
+    Observe,
 }
 
 /// What to do with an answer's body chunk; `size` is all that is buffered.
@@ -89,6 +95,8 @@ pub struct Data {
     pub translated: Option<WindowError>,
     /// The stop reason was changed.
     pub window_stop: bool,
+    /// The prompt tokens the answer reported, the first time they are read.
+    pub usage: Option<u64>,
 }
 
 impl Data {
@@ -97,6 +105,7 @@ impl Data {
             edit: Edit::Keep,
             translated: None,
             window_stop: false,
+            usage: None,
         }
     }
 }
@@ -108,12 +117,16 @@ enum Mode {
     Error,
     Json(stop::Json),
     Sse(stop::Sse),
+    /// Only read, for its usage.
+    Observe,
 }
 
 /// One answer through the filter.
 #[derive(Debug, Default)]
 pub struct Response {
     mode: Mode,
+    /// The answer's usage, while it is looked for.
+    usage: Option<usage::Usage>,
 }
 
 fn is_identity(encoding: Option<&str>) -> bool {
@@ -138,6 +151,7 @@ impl Response {
         head: &Head,
     ) -> HeadStep {
         self.mode = Mode::Pass;
+        self.usage = None;
         let Some(budget) = budget else {
             return HeadStep::Pass;
         };
@@ -158,19 +172,29 @@ impl Response {
                 }
                 HeadStep::Pass
             }
-            Some(200) => match budget.window_cap {
-                Some(cap) if budget.dialect == Dialect::Anthropic => {
-                    if media == "text/event-stream" {
-                        self.mode = Mode::Sse(stop::Sse::new(cap));
-                    } else if media.ends_with("json") {
-                        self.mode = Mode::Json(stop::Json::new(cap));
-                    } else {
-                        return HeadStep::Pass;
-                    }
-                    HeadStep::Watch
+            Some(200) => {
+                let stream = media == "text/event-stream";
+                if !stream && !media.ends_with("json") {
+                    return HeadStep::Pass;
                 }
-                _ => HeadStep::Pass,
-            },
+                if budget.usage {
+                    self.usage = Some(usage::Usage::new(stream));
+                }
+                match budget.window_cap {
+                    Some(cap) if budget.dialect == Dialect::Anthropic => {
+                        self.mode = match stream {
+                            true => Mode::Sse(stop::Sse::new(cap)),
+                            false => Mode::Json(stop::Json::new(cap)),
+                        };
+                        HeadStep::Watch
+                    }
+                    _ if budget.usage => {
+                        self.mode = Mode::Observe;
+                        HeadStep::Observe
+                    }
+                    _ => HeadStep::Pass,
+                }
+            }
             _ => HeadStep::Pass,
         }
     }
@@ -186,14 +210,30 @@ impl Response {
             }
             Mode::Error if !end_of_stream => BodyStep::Buffer,
             Mode::Error | Mode::Json(_) | Mode::Sse(_) => BodyStep::Read,
+            // Read until the usage is found.
+            Mode::Observe if self.usage.as_ref().is_some_and(|u| u.found().is_none()) => {
+                BodyStep::Read
+            }
+            Mode::Observe => BodyStep::Continue,
         }
     }
 
     /// The bytes [`BodyStep::Read`] asked for: the whole error body at its end, or the
     /// chunk of a watched answer.
     pub fn on_data(&mut self, budget: Option<&Budget>, data: &[u8], end_of_stream: bool) -> Data {
+        let usage = match self.usage.as_mut() {
+            Some(u) if u.found().is_none() => u.feed(data, end_of_stream),
+            _ => None,
+        };
+        Data {
+            usage,
+            ..self.edit(budget, data, end_of_stream)
+        }
+    }
+
+    fn edit(&mut self, budget: Option<&Budget>, data: &[u8], end_of_stream: bool) -> Data {
         match &mut self.mode {
-            Mode::Pass => Data::keep(),
+            Mode::Pass | Mode::Observe => Data::keep(),
             Mode::Error => {
                 self.mode = Mode::Pass;
                 let Some(budget) = budget else {
@@ -205,7 +245,7 @@ impl Response {
                     Some((body, e)) => Data {
                         edit: Edit::Replace(body),
                         translated: Some(e),
-                        window_stop: false,
+                        ..Data::keep()
                     },
                     None => Data::keep(),
                 }
@@ -215,8 +255,8 @@ impl Response {
                 let window_stop = editor.take_edited();
                 Data {
                     edit,
-                    translated: None,
                     window_stop,
+                    ..Data::keep()
                 }
             }
             Mode::Sse(editor) => {
@@ -224,8 +264,8 @@ impl Response {
                 let window_stop = editor.take_edited();
                 Data {
                     edit,
-                    translated: None,
                     window_stop,
+                    ..Data::keep()
                 }
             }
         }
@@ -284,6 +324,7 @@ mod tests {
             context: Some(4096),
             cap: Some(1096),
             window_cap: None,
+            usage: false,
         }
     }
 

@@ -537,7 +537,7 @@ fn a_window_error_is_buffered_and_answered_in_the_dialect() {
 }
 
 #[test]
-fn successful_answers_are_never_read() {
+fn successful_answers_pass_as_they_come_read_only_until_their_usage() {
     let mut vm = Vm::new();
     let root = vm.root();
     let stream = vm.counted(root, CHAT, 50);
@@ -556,7 +556,18 @@ fn successful_answers_are_never_read() {
     let sse = b"data: {}\n\ndata: [DONE]\n\n";
     let (out, _) = vm.upstream(stream, 200, "text/event-stream", &[&sse[..4], &sse[4..]]);
     assert_eq!(out, sse);
-    assert_eq!(reads(&vm), 0);
+    // No usage in them: every chunk was read, none held or changed.
+    assert_eq!(reads(&vm), 4);
+    // Once the usage is read, the rest of the answer is not.
+    let stream = vm.counted(root, &CHAT.replace("hi", "u"), 50);
+    let sse =
+        b"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":50}}\n\ndata: {}\n\ndata: [DONE]\n\n";
+    let chunks = [&sse[..52], &sse[52..60], &sse[60..]];
+    let (out, head) = vm.upstream(stream, 200, "text/event-stream", &chunks);
+    assert_eq!(out, sse);
+    assert!(has_length(&head));
+    assert_eq!(reads(&vm), 5);
+    assert_eq!(vm.host.metric("incontext_usage_mismatch"), 0);
     // A gzip error passes as it came, unread.
     let stream = vm.counted(root, &CHAT.replace("hi", "z"), 5000);
     vm.host.effective = stream;
@@ -574,7 +585,7 @@ fn successful_answers_are_never_read() {
         vm.filter.on_response_body(&mut vm.host, stream, 10, true),
         CONTINUE
     );
-    assert_eq!(reads(&vm), 0);
+    assert_eq!(reads(&vm), 5);
     assert!(has_length(&vm.host.answer_head[&stream]));
 }
 

@@ -1,42 +1,6 @@
 use super::support::*;
 use crate::flow::*;
 
-/// Drives an answer through the exchange as the glue does (Envoy buffers while the flow
-/// says so); what the client receives.
-fn answer(
-    x: &mut Exchange,
-    p: &Plugin,
-    host: &mut FakeHost,
-    status: u16,
-    content_type: &'static str,
-    chunks: &[&[u8]],
-) -> (response::HeadStep, Vec<u8>) {
-    let head = response::Head {
-        status: Some(status),
-        content_type: Some(content_type),
-        ..response::Head::default()
-    };
-    let step = x.on_response_head(p, &head);
-    let mut out = Vec::new();
-    let mut buffered: Vec<u8> = Vec::new();
-    for (i, chunk) in chunks.iter().enumerate() {
-        let end = i + 1 == chunks.len();
-        buffered.extend_from_slice(chunk);
-        match x.on_response_body(buffered.len(), end) {
-            response::BodyStep::Continue => out.append(&mut buffered),
-            response::BodyStep::Buffer => {}
-            response::BodyStep::Read => match x.on_response_data(p, host, &buffered, end) {
-                response::Edit::Keep => out.append(&mut buffered),
-                response::Edit::Replace(r) => {
-                    out.extend_from_slice(&r);
-                    buffered.clear();
-                }
-            },
-        }
-    }
-    (step, out)
-}
-
 fn error_message(body: &[u8]) -> String {
     let v: serde_json::Value = serde_json::from_slice(body).unwrap();
     v["error"]["message"].as_str().unwrap().to_string()
@@ -174,9 +138,10 @@ fn other_answers_pass_byte_for_byte() {
         "application/json",
         &[b"{\"ok\":1}"],
     );
+    // Read for its usage only, and passed as it came.
     assert_eq!(
         (step, out.as_slice()),
-        (response::HeadStep::Pass, &b"{\"ok\":1}"[..])
+        (response::HeadStep::Observe, &b"{\"ok\":1}"[..])
     );
     assert_eq!(host.count(Metric::Translated), 0);
     // A request the filter did not budget: its errors are not touched.
@@ -328,9 +293,9 @@ fn stop_reason_when_the_window_ended_the_answer() {
         Box::leak(small.into_boxed_str()),
     );
     assert_eq!(rewritten(step)["max_tokens"], 500, "counted from the cache");
-    let (step, _) = answer(&mut z, &p, &mut host, 200, "application/json", &[&json[..]]);
-    assert_eq!(step, response::HeadStep::Pass);
-    // OpenAI chat clamped by the window: `length` stays, nothing watched.
+    let (step, out) = answer(&mut z, &p, &mut host, 200, "application/json", &[&json[..]]);
+    assert_eq!((step, out), (response::HeadStep::Observe, json.to_vec()));
+    // OpenAI chat clamped by the window: `length` stays, the answer only read for its usage.
     let (mut c, _) = send(&p, &mut host, "/v1/chat/completions", CHAT);
     rewritten(reply(
         &p,
@@ -347,7 +312,7 @@ fn stop_reason_when_the_window_ended_the_answer() {
         "text/event-stream",
         &[b"data: {}\n\n"],
     );
-    assert_eq!(step, response::HeadStep::Pass);
+    assert_eq!(step, response::HeadStep::Observe);
 }
 
 #[test]

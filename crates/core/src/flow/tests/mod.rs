@@ -5,3 +5,4 @@ mod count;
 mod routes;
 mod skip;
 pub(crate) mod support;
+mod usage;

@@ -244,3 +244,39 @@ pub fn learned(p: &Plugin, host: &mut FakeHost, route: RouteId, model: &str) -> 
 pub fn flagged(p: &Plugin, host: &mut FakeHost, flag: Flag, model: &str) -> bool {
     p.ctx(RouteId::Top, host).flagged(flag, model)
 }
+
+/// Drives an answer through the exchange as the glue does (Envoy buffers while the flow
+/// says so); what the client receives.
+pub fn answer(
+    x: &mut Exchange,
+    p: &Plugin,
+    host: &mut FakeHost,
+    status: u16,
+    content_type: &'static str,
+    chunks: &[&[u8]],
+) -> (response::HeadStep, Vec<u8>) {
+    let head = response::Head {
+        status: Some(status),
+        content_type: Some(content_type),
+        ..response::Head::default()
+    };
+    let step = x.on_response_head(p, &head);
+    let mut out = Vec::new();
+    let mut buffered: Vec<u8> = Vec::new();
+    for (i, chunk) in chunks.iter().enumerate() {
+        let end = i + 1 == chunks.len();
+        buffered.extend_from_slice(chunk);
+        match x.on_response_body(buffered.len(), end) {
+            response::BodyStep::Continue => out.append(&mut buffered),
+            response::BodyStep::Buffer => {}
+            response::BodyStep::Read => match x.on_response_data(p, host, &buffered, end) {
+                response::Edit::Keep => out.append(&mut buffered),
+                response::Edit::Replace(r) => {
+                    out.extend_from_slice(&r);
+                    buffered.clear();
+                }
+            },
+        }
+    }
+    (step, out)
+}

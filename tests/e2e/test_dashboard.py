@@ -61,6 +61,11 @@ def drive(proxy, upstream):
     assert rejected.status == 400 and rejected.action == "rejected", rejected.describe()
     assert rejected.delta.get("incontext_rejected") == 1, rejected.delta
 
+    upstream.tokenizer.count(100)                          # the server's usage disagrees
+    h = scripted(upstream, Answer(200, [b'{"choices":[],"usage":{"prompt_tokens":101}}']))
+    disagreed = proxy.post(chat(max_tokens=100000), headers=h)
+    assert disagreed.delta.get("incontext_usage_mismatch") == 1, disagreed.describe()
+
     upstream.tokenizer.status(500)                         # the count fails: the estimate
     estimated = proxy.post(chat(max_tokens=100000))
     assert estimated.source == "estimate", estimated.describe()

@@ -90,17 +90,21 @@ def test_a_count_above_its_bound_turns_skipping_off(proxy_for, upstream):
     assert len(third.tokenize) == 1, third.describe()
     assert_rewritten(third, 30000)
     deadline = time.monotonic() + 20  # Envoy flushes its log file every few seconds
-    while "a count exceeded its bound" not in proxy.envoy.log_text():
+    while "a count broke its bound" not in proxy.envoy.log_text():
         assert time.monotonic() < deadline, proxy.envoy.log_tail()
         time.sleep(0.2)
     log = proxy.envoy.log_text()
-    assert log.count("a count exceeded its bound") == 1, log[-3000:]
+    assert log.count("a count broke its bound") == 1, log[-3000:]
     assert '"content"' not in log and "fix the bug" not in log
 
 
-def test_off_by_default_and_edited_history_counts(proxy_for, upstream):
+def test_on_by_default_off_when_asked_and_edited_history_counts(proxy_for, upstream):
     upstream.tokenizer.count(1000)
-    plain = proxy_for(cfg())
+    default = proxy_for(cfg(), fresh=True)
+    t1, t2 = turns(2, 16000)
+    default.post(t1)
+    assert_skipped(default.post(t2))
+    plain = proxy_for(cfg(skip_count=False), fresh=True)
     t1, t2 = turns(2, 16000)
     plain.post(t1)
     assert_rewritten(plain.post(t2), 1000)

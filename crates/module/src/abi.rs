@@ -109,18 +109,8 @@ pub const envoy_dynamic_module_type_on_http_filter_request_trailers_status_Conti
     OnHttpFilterRequestTrailersStatus = 0;
 
 pub type OnHttpFilterResponseHeadersStatus = u32;
-pub const envoy_dynamic_module_type_on_http_filter_response_headers_status_Continue:
-    OnHttpFilterResponseHeadersStatus = 0;
-pub const envoy_dynamic_module_type_on_http_filter_response_headers_status_StopIteration:
-    OnHttpFilterResponseHeadersStatus = 1;
 
 pub type OnHttpFilterResponseBodyStatus = u32;
-pub const envoy_dynamic_module_type_on_http_filter_response_body_status_Continue:
-    OnHttpFilterResponseBodyStatus = 0;
-pub const envoy_dynamic_module_type_on_http_filter_response_body_status_StopIterationAndBuffer:
-    OnHttpFilterResponseBodyStatus = 1;
-pub const envoy_dynamic_module_type_on_http_filter_response_body_status_StopIterationNoBuffer:
-    OnHttpFilterResponseBodyStatus = 3;
 
 pub type OnHttpFilterResponseTrailersStatus = u32;
 pub const envoy_dynamic_module_type_on_http_filter_response_trailers_status_Continue:
@@ -266,6 +256,10 @@ fn header_type(map: Headers) -> HttpHeaderType {
     }
 }
 
+/// `increment_counter` and `record_histogram_value`.
+type MetricFn =
+    unsafe extern "C" fn(HttpFilterEnvoyPtr, usize, *mut ModuleBuffer, usize, u64) -> MetricsResult;
+
 /// One stream's filter in Envoy, for the duration of one hook.
 struct Filter {
     ptr: HttpFilterEnvoyPtr,
@@ -339,6 +333,11 @@ impl Filter {
             }
         }
         true
+    }
+
+    fn metric(&self, update: MetricFn, id: usize, value: u64) {
+        // SAFETY: `ptr` is the filter of the current hook; no labels.
+        unsafe { update(self.ptr, id, null_mut(), 0, value) };
     }
 
     fn drain(&self, kind: HttpBodyType) {
@@ -492,29 +491,19 @@ impl Envoy for Filter {
     }
 
     fn increment(&mut self, counter: usize) {
-        // SAFETY: `ptr` is the filter of the current hook; no labels.
-        unsafe {
-            envoy_dynamic_module_callback_http_filter_increment_counter(
-                self.ptr,
-                counter,
-                null_mut(),
-                0,
-                1,
-            )
-        };
+        self.metric(
+            envoy_dynamic_module_callback_http_filter_increment_counter,
+            counter,
+            1,
+        );
     }
 
     fn record(&mut self, histogram: usize, value: u64) {
-        // SAFETY: as for `increment`.
-        unsafe {
-            envoy_dynamic_module_callback_http_filter_record_histogram_value(
-                self.ptr,
-                histogram,
-                null_mut(),
-                0,
-                value,
-            )
-        };
+        self.metric(
+            envoy_dynamic_module_callback_http_filter_record_histogram_value,
+            histogram,
+            value,
+        );
     }
 }
 
@@ -530,15 +519,24 @@ fn module_headers(headers: &[(&str, &str)]) -> Vec<ModuleHttpHeader> {
         .collect()
 }
 
+/// `define_counter` and `define_histogram`.
+type DefineFn = unsafe extern "C" fn(
+    HttpFilterConfigEnvoyPtr,
+    ModuleBuffer,
+    *mut ModuleBuffer,
+    usize,
+    *mut usize,
+) -> MetricsResult;
+
 /// Defines metrics on a filter configuration while Envoy loads it.
 struct ConfigDefine(HttpFilterConfigEnvoyPtr);
 
-impl Define for ConfigDefine {
-    fn counter(&mut self, name: &str) -> Option<usize> {
+impl ConfigDefine {
+    fn define(&mut self, define: DefineFn, name: &str) -> Option<usize> {
         let mut id = 0usize;
-        // SAFETY: the configuration pointer of the current `config_new` hook.
+        // SAFETY: the configuration pointer of the current `config_new` hook; no labels.
         let r = unsafe {
-            envoy_dynamic_module_callback_http_filter_config_define_counter(
+            define(
                 self.0,
                 module_buffer(name.as_bytes()),
                 null_mut(),
@@ -548,20 +546,21 @@ impl Define for ConfigDefine {
         };
         (r == envoy_dynamic_module_type_metrics_result_Success).then_some(id)
     }
+}
+
+impl Define for ConfigDefine {
+    fn counter(&mut self, name: &str) -> Option<usize> {
+        self.define(
+            envoy_dynamic_module_callback_http_filter_config_define_counter,
+            name,
+        )
+    }
 
     fn histogram(&mut self, name: &str) -> Option<usize> {
-        let mut id = 0usize;
-        // SAFETY: as for `counter`.
-        let r = unsafe {
-            envoy_dynamic_module_callback_http_filter_config_define_histogram(
-                self.0,
-                module_buffer(name.as_bytes()),
-                null_mut(),
-                0,
-                &mut id,
-            )
-        };
-        (r == envoy_dynamic_module_type_metrics_result_Success).then_some(id)
+        self.define(
+            envoy_dynamic_module_callback_http_filter_config_define_histogram,
+            name,
+        )
     }
 }
 
@@ -610,7 +609,7 @@ pub extern "C" fn envoy_dynamic_module_on_program_init() -> AbiVersionModulePtr 
     }
     // A panic's message could quote a request: only where it happened is logged.
     std::panic::set_hook(Box::new(|info| {
-        log::error!("{}", crate::panic_line(info.location()));
+        log::error!("{}", incontext_core::panic_line(info.location()));
     }));
     ABI_VERSION_C.as_ptr()
 }
@@ -734,18 +733,40 @@ unsafe fn free(module: HttpFilterModulePtr) {
     }));
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_request_headers(
-    filter_envoy_ptr: HttpFilterEnvoyPtr,
-    filter_module_ptr: HttpFilterModulePtr,
-    end_of_stream: bool,
-) -> OnHttpFilterRequestHeadersStatus {
-    let status = on_stream(filter_envoy_ptr, filter_module_ptr, None, |s, f| {
-        s.guard(f, HeadStatus::Continue, false, |s, e| {
-            s.request_headers(e, end_of_stream)
-        })
-    });
-    match status.unwrap_or(HeadStatus::Continue) {
+/// A header hook: what the stream answers; Continue without a stream or after a panic.
+///
+/// # Safety
+/// As for [`on_stream`].
+unsafe fn on_headers(
+    envoy: HttpFilterEnvoyPtr,
+    module: HttpFilterModulePtr,
+    run: impl FnOnce(&mut Stream, &mut dyn Envoy) -> HeadStatus,
+) -> HeadStatus {
+    on_stream(envoy, module, None, |s, f| {
+        s.guard(f, HeadStatus::Continue, false, run)
+    })
+    .unwrap_or(HeadStatus::Continue)
+}
+
+/// A body hook, likewise.
+///
+/// # Safety
+/// As for [`on_stream`].
+unsafe fn on_body(
+    envoy: HttpFilterEnvoyPtr,
+    module: HttpFilterModulePtr,
+    body: Body,
+    run: impl FnOnce(&mut Stream, &mut dyn Envoy) -> DataStatus,
+) -> DataStatus {
+    on_stream(envoy, module, Some(body), |s, f| {
+        s.guard(f, DataStatus::Continue, false, run)
+    })
+    .unwrap_or(DataStatus::Continue)
+}
+
+/// Envoy's header statuses (the request's and the response's have the same values).
+fn head_status(status: HeadStatus) -> u32 {
+    match status {
         HeadStatus::Continue => {
             envoy_dynamic_module_type_on_http_filter_request_headers_status_Continue
         }
@@ -755,23 +776,9 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_request_headers(
     }
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_request_body(
-    filter_envoy_ptr: HttpFilterEnvoyPtr,
-    filter_module_ptr: HttpFilterModulePtr,
-    end_of_stream: bool,
-) -> OnHttpFilterRequestBodyStatus {
-    let status = on_stream(
-        filter_envoy_ptr,
-        filter_module_ptr,
-        Some(Body::Request),
-        |s, f| {
-            s.guard(f, DataStatus::Continue, false, |s, e| {
-                s.request_body(e, end_of_stream)
-            })
-        },
-    );
-    match status.unwrap_or(DataStatus::Continue) {
+/// Envoy's body statuses (likewise).
+fn data_status(status: DataStatus) -> u32 {
+    match status {
         DataStatus::Continue => {
             envoy_dynamic_module_type_on_http_filter_request_body_status_Continue
         }
@@ -782,6 +789,31 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_request_body(
             envoy_dynamic_module_type_on_http_filter_request_body_status_StopIterationNoBuffer
         }
     }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_request_headers(
+    filter_envoy_ptr: HttpFilterEnvoyPtr,
+    filter_module_ptr: HttpFilterModulePtr,
+    end_of_stream: bool,
+) -> OnHttpFilterRequestHeadersStatus {
+    head_status(on_headers(filter_envoy_ptr, filter_module_ptr, |s, e| {
+        s.request_headers(e, end_of_stream)
+    }))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_request_body(
+    filter_envoy_ptr: HttpFilterEnvoyPtr,
+    filter_module_ptr: HttpFilterModulePtr,
+    end_of_stream: bool,
+) -> OnHttpFilterRequestBodyStatus {
+    data_status(on_body(
+        filter_envoy_ptr,
+        filter_module_ptr,
+        Body::Request,
+        |s, e| s.request_body(e, end_of_stream),
+    ))
 }
 
 #[no_mangle]
@@ -801,19 +833,9 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_response_headers(
     filter_module_ptr: HttpFilterModulePtr,
     end_of_stream: bool,
 ) -> OnHttpFilterResponseHeadersStatus {
-    let status = on_stream(filter_envoy_ptr, filter_module_ptr, None, |s, f| {
-        s.guard(f, HeadStatus::Continue, false, |s, e| {
-            s.response_headers(e, end_of_stream)
-        })
-    });
-    match status.unwrap_or(HeadStatus::Continue) {
-        HeadStatus::Continue => {
-            envoy_dynamic_module_type_on_http_filter_response_headers_status_Continue
-        }
-        HeadStatus::Stop => {
-            envoy_dynamic_module_type_on_http_filter_response_headers_status_StopIteration
-        }
-    }
+    head_status(on_headers(filter_envoy_ptr, filter_module_ptr, |s, e| {
+        s.response_headers(e, end_of_stream)
+    }))
 }
 
 #[no_mangle]
@@ -822,27 +844,12 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_response_body(
     filter_module_ptr: HttpFilterModulePtr,
     end_of_stream: bool,
 ) -> OnHttpFilterResponseBodyStatus {
-    let status = on_stream(
+    data_status(on_body(
         filter_envoy_ptr,
         filter_module_ptr,
-        Some(Body::Response),
-        |s, f| {
-            s.guard(f, DataStatus::Continue, false, |s, e| {
-                s.response_body(e, end_of_stream)
-            })
-        },
-    );
-    match status.unwrap_or(DataStatus::Continue) {
-        DataStatus::Continue => {
-            envoy_dynamic_module_type_on_http_filter_response_body_status_Continue
-        }
-        DataStatus::Buffer => {
-            envoy_dynamic_module_type_on_http_filter_response_body_status_StopIterationAndBuffer
-        }
-        DataStatus::Stop => {
-            envoy_dynamic_module_type_on_http_filter_response_body_status_StopIterationNoBuffer
-        }
-    }
+        Body::Response,
+        |s, e| s.response_body(e, end_of_stream),
+    ))
 }
 
 #[no_mangle]

@@ -22,11 +22,7 @@ pub fn load(
             "incontext: filter_name must be \"{FILTER_NAME}\" (the module has no other filter)"
         ));
     }
-    let parsed = Config::parse(config).and_then(|mut c| {
-        c.resolve_env(env)?;
-        Ok(c)
-    });
-    let config = parsed.map_err(|e| format!("incontext: {e}"))?;
+    let config = Config::load(config, env).map_err(|e| format!("incontext: {e}"))?;
     log::info!(
         "incontext {} (module): {}",
         env!("CARGO_PKG_VERSION"),

@@ -37,17 +37,3 @@ mod tests;
 
 /// The version of Envoy's dynamic-module ABI the bindings in `abi.rs` follow (abi/bound.h).
 pub const ABI_VERSION: &str = "v0.1.0";
-
-/// The line logged for a panic: where it happened, never its message (which could quote a
-/// request).
-pub fn panic_line(location: Option<&std::panic::Location<'_>>) -> String {
-    match location {
-        Some(l) => format!(
-            "incontext: panicked at {}:{}:{}",
-            l.file(),
-            l.line(),
-            l.column()
-        ),
-        None => "incontext: panicked".to_string(),
-    }
-}

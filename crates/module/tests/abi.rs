@@ -255,7 +255,7 @@ fn the_bindings_are_envoys_declarations() {
     assert_eq!(rust.functions.len(), 42);
     assert_eq!(c.structs.len(), 4);
     assert!(c.structs.values().all(|f| !f.is_empty()));
-    assert_eq!(rust.constants.len(), 26);
+    assert_eq!(rust.constants.len(), 21);
     assert_eq!(c.version, "v0.1.0");
     let diff = differences(&c, &rust);
     assert!(

@@ -4,6 +4,10 @@ The shipped config is loaded and changed only where a test run must differ: the 
 the listener and admin ports, the `vllm` cluster address (the test upstream) and the plugin
 configuration JSON. ``INCONTEXT_E2E_NO_FILTER=1`` removes the wasm filter, to show the suite
 fails without it.
+
+``glue="module"`` runs the native dynamic module instead (envoy/envoy-module.yaml, the same
+substitutions; Envoy finds target/module/libincontext_module.so through
+ENVOY_DYNAMIC_MODULES_SEARCH_PATH).
 """
 
 from __future__ import annotations
@@ -30,6 +34,13 @@ SHIPPED_CONFIG = ROOT / "envoy" / "envoy.yaml"
 WASM = Path(os.environ.get("INCONTEXT_WASM")
             or ROOT / "target" / "wasm32-wasip1" / "release" / "incontext.wasm").resolve()
 WASM_FILTER = "envoy.filters.http.wasm"
+MODULE_CONFIG = ROOT / "envoy" / "envoy-module.yaml"
+# INCONTEXT_MODULE overrides the module under test (default: scripts/build-module.sh's build).
+MODULE = Path(os.environ.get("INCONTEXT_MODULE")
+              or ROOT / "target" / "module" / "libincontext_module.so").resolve()
+MODULE_FILTER = "envoy.filters.http.dynamic_modules"
+# Where each glue's counters are listed.
+STAT_PREFIX = {"wasm": "wasmcustom", "module": "dynamicmodulescustom"}
 
 
 def no_filter() -> bool:
@@ -67,8 +78,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def load_shipped() -> dict:
-    with open(SHIPPED_CONFIG, encoding="utf-8") as f:
+def load_shipped(glue: str = "wasm") -> dict:
+    with open(MODULE_CONFIG if glue == "module" else SHIPPED_CONFIG, encoding="utf-8") as f:
         return yaml.safe_load(f)
 
 
@@ -80,11 +91,11 @@ def _hcm(cfg: dict) -> dict:
     raise KeyError("no http_connection_manager in the shipped config")
 
 
-def wasm_filter(cfg: dict) -> dict:
+def wasm_filter(cfg: dict, name: str = WASM_FILTER) -> dict:
     for f in _hcm(cfg)["http_filters"]:
-        if f["name"] == WASM_FILTER:
+        if f["name"] == name:
             return f
-    raise KeyError("no wasm filter in the shipped config")
+    raise KeyError(f"no {name} filter in the shipped config")
 
 
 def shipped_plugin_config() -> dict:
@@ -95,7 +106,8 @@ def shipped_plugin_config() -> dict:
 
 def render(*, wasm_path: str, listen_port: int, admin_port: int, upstream: Tuple[str, int],
            plugin_config, remove_filter: bool = False, extra_clusters: List[dict] = (),
-           host_env_keys: List[str] = (), env_key_values: Optional[Dict[str, str]] = None) -> dict:
+           host_env_keys: List[str] = (), env_key_values: Optional[Dict[str, str]] = None,
+           glue: str = "wasm") -> dict:
     """The shipped config with the test-run substitutions applied.
 
     ``plugin_config`` is a dict (dumped as JSON) or a str (used verbatim, for bad-JSON tests).
@@ -103,7 +115,7 @@ def render(*, wasm_path: str, listen_port: int, admin_port: int, upstream: Tuple
     process variables exposed to the VM, and literal ones), for tokenizer header values given
     as ``{"env": "VAR"}``.
     """
-    cfg = copy.deepcopy(load_shipped())
+    cfg = copy.deepcopy(load_shipped(glue))
     cfg["admin"]["address"]["socket_address"].update(address="127.0.0.1", port_value=admin_port)
     listener = cfg["static_resources"]["listeners"][0]
     listener["address"]["socket_address"].update(address="127.0.0.1", port_value=listen_port)
@@ -114,12 +126,15 @@ def render(*, wasm_path: str, listen_port: int, admin_port: int, upstream: Tuple
     sa.update(address=upstream[0], port_value=upstream[1])
     clusters.extend(copy.deepcopy(list(extra_clusters)))
     hcm = _hcm(cfg)
+    value = plugin_config if isinstance(plugin_config, str) else json.dumps(plugin_config)
     if remove_filter:
-        hcm["http_filters"] = [f for f in hcm["http_filters"] if f["name"] != WASM_FILTER]
+        hcm["http_filters"] = [f for f in hcm["http_filters"]
+                               if f["name"] not in (WASM_FILTER, MODULE_FILTER)]
+    elif glue == "module":
+        wasm_filter(cfg, MODULE_FILTER)["typed_config"]["filter_config"]["value"] = value
     else:
         pc = wasm_filter(cfg)["typed_config"]["config"]
         pc["vm_config"]["code"]["local"]["filename"] = wasm_path
-        value = plugin_config if isinstance(plugin_config, str) else json.dumps(plugin_config)
         pc["configuration"]["value"] = value
         if host_env_keys or env_key_values:
             ev = pc["vm_config"].setdefault("environment_variables", {})
@@ -217,13 +232,18 @@ class Envoy:
                  remove_filter: bool = False, extra_clusters: List[dict] = (), name="envoy",
                  host_env_keys: List[str] = (), env_key_values: Optional[Dict[str, str]] = None,
                  env: Optional[Dict[str, str]] = None,
-                 log_args: Tuple[str, ...] = ("-l", "info", "--component-log-level", "wasm:debug"),
-                 refusal_expected: bool = False):
+                 log_args: Tuple[str, ...] = ("-l", "info", "--component-log-level",
+                                              "wasm:debug,dynamic_modules:debug"),
+                 refusal_expected: bool = False, glue: str = "wasm"):
         """``env``: extra environment variables of the Envoy process; ``log_args``: Envoy's
         log level arguments (default: info, wasm at debug); ``refusal_expected``: the test
         expects this Envoy to refuse its configuration (its log may hold [critical] lines;
-        a wasm failure is still one)."""
+        a wasm failure is still one); ``glue``: "wasm" or "module" (the native dynamic
+        module)."""
         self.binary = binary
+        self.glue = glue
+        if glue == "module":
+            env = {"ENVOY_DYNAMIC_MODULES_SEARCH_PATH": str(MODULE.parent), **(env or {})}
         self.refusal_expected = refusal_expected
         self._watched = False
         self.env = env
@@ -239,7 +259,8 @@ class Envoy:
         self.cfg = render(wasm_path=str(WASM), listen_port=self.port, admin_port=self.admin_port,
                           upstream=upstream, plugin_config=plugin_config,
                           remove_filter=remove_filter, extra_clusters=extra_clusters,
-                          host_env_keys=host_env_keys, env_key_values=env_key_values)
+                          host_env_keys=host_env_keys, env_key_values=env_key_values,
+                          glue=glue)
         self.config_path.write_text(yaml.safe_dump(self.cfg, sort_keys=False))
         self.proc: Optional[subprocess.Popen] = None
 
@@ -336,14 +357,15 @@ class Envoy:
 
     def _custom(self) -> Dict[str, int]:
         out = {}
-        for line in self.stats_text().splitlines():
-            m = re.match(r"^wasmcustom\.(\S+): (\d+)$", line.strip())
+        prefix = STAT_PREFIX[self.glue]
+        for line in self.stats_text(prefix).splitlines():
+            m = re.match(rf"^{prefix}\.(\S+): (\d+)$", line.strip())
             if m:
                 out[m.group(1)] = int(m.group(2))
         return out
 
     def counters(self) -> Dict[str, int]:
-        """wasmcustom counters as {short name: value}, e.g. {"incontext_requests": 3}."""
+        """The filter's counters as {short name: value}, e.g. {"incontext_requests": 3}."""
         return {k: v for k, v in self._custom().items() if k not in GAUGES}
 
     def gauges(self) -> Dict[str, int]:
@@ -401,7 +423,7 @@ class Envoy:
 def validate(binary: str, workdir: Path, plugin_config, upstream=("127.0.0.1", 9),
              name="validate", timeout=120, host_env_keys: List[str] = (),
              env_key_values: Optional[Dict[str, str]] = None,
-             env: Optional[Dict[str, str]] = None) -> Tuple[int, str]:
+             env: Optional[Dict[str, str]] = None, glue: str = "wasm") -> Tuple[int, str]:
     """``envoy --mode validate`` on the rendered config. Returns (exit code, all output).
 
     ``env`` adds variables to the Envoy process environment (see ``render`` for the others)."""
@@ -409,13 +431,16 @@ def validate(binary: str, workdir: Path, plugin_config, upstream=("127.0.0.1", 9
     workdir.mkdir(parents=True, exist_ok=True)
     cfg = render(wasm_path=str(WASM), listen_port=free_port(), admin_port=free_port(),
                  upstream=upstream, plugin_config=plugin_config, remove_filter=no_filter(),
-                 host_env_keys=host_env_keys, env_key_values=env_key_values)
+                 host_env_keys=host_env_keys, env_key_values=env_key_values, glue=glue)
+    if glue == "module":
+        env = {"ENVOY_DYNAMIC_MODULES_SEARCH_PATH": str(MODULE.parent), **(env or {})}
     path = workdir / f"{name}.yaml"
     log = workdir / f"{name}.log"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     proc = subprocess.run(
         [binary, "--mode", "validate", "-c", str(path), "-l", "info",
-         "--component-log-level", "wasm:debug", "--log-path", str(log), "--disable-hot-restart"],
+         "--component-log-level", "wasm:debug,dynamic_modules:debug", "--log-path", str(log),
+         "--disable-hot-restart"],
         capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL,
         env=None if env is None else {**os.environ, **env})
     text = proc.stdout.decode("utf-8", "replace") + proc.stderr.decode("utf-8", "replace")

@@ -724,6 +724,17 @@ impl Config {
         })
     }
 
+    /// Parses a configuration, then resolves its `{"env": NAME}` header values with `lookup`
+    /// (what a glue does when its host loads the configuration).
+    pub fn load(
+        bytes: &[u8],
+        lookup: impl Fn(&str) -> Option<String>,
+    ) -> Result<Config, ConfigError> {
+        let mut config = Config::parse(bytes)?;
+        config.resolve_env(lookup)?;
+        Ok(config)
+    }
+
     /// Replaces every `{"env": NAME}` header value by the variable's value. A missing or
     /// unusable variable is an error naming the header (never its value).
     pub fn resolve_env(

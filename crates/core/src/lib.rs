@@ -23,3 +23,17 @@ pub mod response;
 pub mod rewrite;
 pub mod rule;
 pub mod tokenize;
+
+/// The line a glue logs for a panic: where it happened, never its message (which could quote
+/// a request).
+pub fn panic_line(location: Option<&std::panic::Location<'_>>) -> String {
+    match location {
+        Some(l) => format!(
+            "incontext: panicked at {}:{}:{}",
+            l.file(),
+            l.line(),
+            l.column()
+        ),
+        None => "incontext: panicked".to_string(),
+    }
+}

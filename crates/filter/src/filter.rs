@@ -75,11 +75,7 @@ impl Filter {
                 return false;
             }
         };
-        let parsed = Config::parse(&bytes).and_then(|mut c| {
-            c.resolve_env(|name| std::env::var(name).ok())?;
-            Ok(c)
-        });
-        match parsed {
+        match Config::load(&bytes, |name| std::env::var(name).ok()) {
             Ok(config) => {
                 log::info!(
                     "incontext {}: {}",

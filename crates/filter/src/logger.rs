@@ -4,7 +4,6 @@
 //! operator may change at run time through the admin endpoint's `/logging`).
 
 use crate::proxy::LogLevel;
-use std::panic::Location;
 
 /// The `log` crate's level as the ABI's.
 pub fn host_level(level: log::Level) -> LogLevel {
@@ -36,16 +35,4 @@ pub fn follow(host: Option<u32>) {
     }
 }
 
-/// The line logged for a panic: where it happened, never its message (which could quote a
-/// request).
-pub fn panic_line(location: Option<&Location<'_>>) -> String {
-    match location {
-        Some(l) => format!(
-            "incontext: panicked at {}:{}:{}",
-            l.file(),
-            l.line(),
-            l.column()
-        ),
-        None => "incontext: panicked".to_string(),
-    }
-}
+pub use incontext_core::panic_line;

@@ -140,6 +140,19 @@ impl Rewrite {
     pub fn head(&mut self) -> (usize, std::borrow::Cow<'_, [u8]>) {
         (self.edit.end, self.edit.write_head(&mut self.body))
     }
+
+    /// The whole rewritten body, for a host that replaces a body whole: written over the
+    /// filter's own copy when the new head fits there (the tail moves down once), else built.
+    pub fn into_body(mut self) -> Vec<u8> {
+        let end = self.edit.end;
+        match self.edit.patch(&mut self.body).map(<[u8]>::len) {
+            Some(len) if len <= end && end <= self.body.len() => {
+                self.body.drain(len..end);
+                self.body
+            }
+            _ => self.edit.apply(&self.body),
+        }
+    }
 }
 
 /// A local answer.

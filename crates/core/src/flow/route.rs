@@ -6,7 +6,7 @@ use crate::backend;
 use crate::config::Config;
 use crate::dialect::Form;
 use crate::request::Request;
-use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// One plugin configuration: what every request it filters shares.
 #[derive(Debug)]
@@ -31,8 +31,9 @@ pub struct Route {
     pub scope: String,
     /// Its counters' index in the host's per-route metrics; `None` at the top level.
     index: Option<usize>,
-    /// Whether "the learned context length is too small" was logged already.
-    warned_window: Cell<bool>,
+    /// Whether "the learned context length is too small" was logged already (atomic: a
+    /// native host shares the plugin between its worker threads).
+    warned_window: AtomicBool,
 }
 
 impl Route {
@@ -50,7 +51,7 @@ impl Route {
             config,
             scope,
             index,
-            warned_window: Cell::new(false),
+            warned_window: AtomicBool::new(false),
         }
     }
 
@@ -63,7 +64,7 @@ impl Route {
 
     /// `true` the first time it is asked: the window-too-small error is logged once.
     pub fn first_window_warning(&self) -> bool {
-        !self.warned_window.replace(true)
+        !self.warned_window.swap(true, Ordering::Relaxed)
     }
 }
 

@@ -1,0 +1,1008 @@
+//! The module's boundary: Envoy's dynamic-module ABI (version [`crate::ABI_VERSION`]) as far
+//! as incontext uses it, written by hand from `abi.h`. `abi/bound.h` holds the declarations
+//! bound here, as Envoy publishes them; `tests/abi.rs` checks every type, constant and
+//! signature below against it. Each C typedef `envoy_dynamic_module_type_<x>` is the Rust type
+//! `<X>` (camel case), each enumerator a constant of its C name.
+//!
+//! The event hooks hand each callback to the configuration ([`crate::config`]) or the stream
+//! ([`crate::stream::Stream`]) behind the pointers Envoy keeps for the module, under
+//! [`Stream::guard`]: a panic never crosses into Envoy. This is the only module with `unsafe`
+//! code.
+
+#![allow(non_upper_case_globals, clippy::missing_safety_doc)]
+
+use crate::config;
+use crate::envoy::{Body, Envoy, Headers};
+use crate::metrics::Define;
+use crate::stream::{CallAnswer, DataStatus, HeadStatus, Shared, Stream};
+use std::cell::{Cell, UnsafeCell};
+use std::ffi::{c_char, c_void, CStr};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::ptr::{null, null_mut};
+use std::sync::Arc;
+
+pub type AbiVersionModulePtr = *const c_char;
+pub type BufferModulePtr = *const c_char;
+pub type BufferEnvoyPtr = *const c_char;
+pub type HttpFilterConfigEnvoyPtr = *mut c_void;
+pub type HttpFilterConfigModulePtr = *const c_void;
+pub type HttpFilterPerRouteConfigModulePtr = *const c_void;
+pub type HttpFilterEnvoyPtr = *mut c_void;
+pub type HttpFilterModulePtr = *const c_void;
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct EnvoyBuffer {
+    pub ptr: BufferEnvoyPtr,
+    pub length: usize,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ModuleBuffer {
+    pub ptr: BufferModulePtr,
+    pub length: usize,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ModuleHttpHeader {
+    pub key_ptr: BufferModulePtr,
+    pub key_length: usize,
+    pub value_ptr: BufferModulePtr,
+    pub value_length: usize,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct EnvoyHttpHeader {
+    pub key_ptr: BufferEnvoyPtr,
+    pub key_length: usize,
+    pub value_ptr: BufferEnvoyPtr,
+    pub value_length: usize,
+}
+
+pub type HttpHeaderType = u32;
+pub const envoy_dynamic_module_type_http_header_type_RequestHeader: HttpHeaderType = 0;
+pub const envoy_dynamic_module_type_http_header_type_ResponseHeader: HttpHeaderType = 2;
+
+pub type LogLevel = u32;
+pub const envoy_dynamic_module_type_log_level_Trace: LogLevel = 0;
+pub const envoy_dynamic_module_type_log_level_Debug: LogLevel = 1;
+pub const envoy_dynamic_module_type_log_level_Info: LogLevel = 2;
+pub const envoy_dynamic_module_type_log_level_Warn: LogLevel = 3;
+pub const envoy_dynamic_module_type_log_level_Error: LogLevel = 4;
+
+pub type HttpCalloutInitResult = u32;
+pub const envoy_dynamic_module_type_http_callout_init_result_Success: HttpCalloutInitResult = 0;
+
+pub type HttpCalloutResult = u32;
+pub const envoy_dynamic_module_type_http_callout_result_Success: HttpCalloutResult = 0;
+
+pub type HttpStreamResetReason = u32;
+
+pub type MetricsResult = u32;
+pub const envoy_dynamic_module_type_metrics_result_Success: MetricsResult = 0;
+
+pub type HttpBodyType = u32;
+pub const envoy_dynamic_module_type_http_body_type_ReceivedRequestBody: HttpBodyType = 0;
+pub const envoy_dynamic_module_type_http_body_type_BufferedRequestBody: HttpBodyType = 1;
+pub const envoy_dynamic_module_type_http_body_type_ReceivedResponseBody: HttpBodyType = 2;
+pub const envoy_dynamic_module_type_http_body_type_BufferedResponseBody: HttpBodyType = 3;
+
+pub type OnHttpFilterRequestHeadersStatus = u32;
+pub const envoy_dynamic_module_type_on_http_filter_request_headers_status_Continue:
+    OnHttpFilterRequestHeadersStatus = 0;
+pub const envoy_dynamic_module_type_on_http_filter_request_headers_status_StopIteration:
+    OnHttpFilterRequestHeadersStatus = 1;
+
+pub type OnHttpFilterRequestBodyStatus = u32;
+pub const envoy_dynamic_module_type_on_http_filter_request_body_status_Continue:
+    OnHttpFilterRequestBodyStatus = 0;
+pub const envoy_dynamic_module_type_on_http_filter_request_body_status_StopIterationAndBuffer:
+    OnHttpFilterRequestBodyStatus = 1;
+pub const envoy_dynamic_module_type_on_http_filter_request_body_status_StopIterationNoBuffer:
+    OnHttpFilterRequestBodyStatus = 3;
+
+pub type OnHttpFilterRequestTrailersStatus = u32;
+pub const envoy_dynamic_module_type_on_http_filter_request_trailers_status_Continue:
+    OnHttpFilterRequestTrailersStatus = 0;
+
+pub type OnHttpFilterResponseHeadersStatus = u32;
+
+pub type OnHttpFilterResponseBodyStatus = u32;
+
+pub type OnHttpFilterResponseTrailersStatus = u32;
+pub const envoy_dynamic_module_type_on_http_filter_response_trailers_status_Continue:
+    OnHttpFilterResponseTrailersStatus = 0;
+
+extern "C" {
+    fn envoy_dynamic_module_callback_log(level: LogLevel, message: ModuleBuffer);
+    fn envoy_dynamic_module_callback_log_enabled(level: LogLevel) -> bool;
+    fn envoy_dynamic_module_callback_http_filter_config_define_counter(
+        filter_config_envoy_ptr: HttpFilterConfigEnvoyPtr,
+        name: ModuleBuffer,
+        label_names: *mut ModuleBuffer,
+        label_names_length: usize,
+        counter_id_ptr: *mut usize,
+    ) -> MetricsResult;
+    fn envoy_dynamic_module_callback_http_filter_config_define_histogram(
+        filter_config_envoy_ptr: HttpFilterConfigEnvoyPtr,
+        name: ModuleBuffer,
+        label_names: *mut ModuleBuffer,
+        label_names_length: usize,
+        histogram_id_ptr: *mut usize,
+    ) -> MetricsResult;
+    fn envoy_dynamic_module_callback_http_filter_increment_counter(
+        filter_envoy_ptr: HttpFilterEnvoyPtr,
+        id: usize,
+        label_values: *mut ModuleBuffer,
+        label_values_length: usize,
+        value: u64,
+    ) -> MetricsResult;
+    fn envoy_dynamic_module_callback_http_filter_record_histogram_value(
+        filter_envoy_ptr: HttpFilterEnvoyPtr,
+        id: usize,
+        label_values: *mut ModuleBuffer,
+        label_values_length: usize,
+        value: u64,
+    ) -> MetricsResult;
+    fn envoy_dynamic_module_callback_http_get_header(
+        filter_envoy_ptr: HttpFilterEnvoyPtr,
+        header_type: HttpHeaderType,
+        key: ModuleBuffer,
+        result_buffer: *mut EnvoyBuffer,
+        index: usize,
+        optional_size: *mut usize,
+    ) -> bool;
+    fn envoy_dynamic_module_callback_http_add_header(
+        filter_envoy_ptr: HttpFilterEnvoyPtr,
+        header_type: HttpHeaderType,
+        key: ModuleBuffer,
+        value: ModuleBuffer,
+    ) -> bool;
+    fn envoy_dynamic_module_callback_http_set_header(
+        filter_envoy_ptr: HttpFilterEnvoyPtr,
+        header_type: HttpHeaderType,
+        key: ModuleBuffer,
+        value: ModuleBuffer,
+    ) -> bool;
+    fn envoy_dynamic_module_callback_http_send_response(
+        filter_envoy_ptr: HttpFilterEnvoyPtr,
+        status_code: u32,
+        headers_vector: *mut ModuleHttpHeader,
+        headers_vector_size: usize,
+        body: ModuleBuffer,
+        details: ModuleBuffer,
+    );
+    fn envoy_dynamic_module_callback_http_get_body_size(
+        filter_envoy_ptr: HttpFilterEnvoyPtr,
+        body_type: HttpBodyType,
+    ) -> usize;
+    fn envoy_dynamic_module_callback_http_get_body_chunks(
+        filter_envoy_ptr: HttpFilterEnvoyPtr,
+        body_type: HttpBodyType,
+        result_buffer_vector: *mut EnvoyBuffer,
+    ) -> bool;
+    fn envoy_dynamic_module_callback_http_get_body_chunks_size(
+        filter_envoy_ptr: HttpFilterEnvoyPtr,
+        body_type: HttpBodyType,
+    ) -> usize;
+    fn envoy_dynamic_module_callback_http_append_body(
+        filter_envoy_ptr: HttpFilterEnvoyPtr,
+        body_type: HttpBodyType,
+        data: ModuleBuffer,
+    ) -> bool;
+    fn envoy_dynamic_module_callback_http_drain_body(
+        filter_envoy_ptr: HttpFilterEnvoyPtr,
+        body_type: HttpBodyType,
+        number_of_bytes: usize,
+    ) -> bool;
+    fn envoy_dynamic_module_callback_http_received_buffered_request_body(
+        filter_envoy_ptr: HttpFilterEnvoyPtr,
+    ) -> bool;
+    fn envoy_dynamic_module_callback_http_received_buffered_response_body(
+        filter_envoy_ptr: HttpFilterEnvoyPtr,
+    ) -> bool;
+    fn envoy_dynamic_module_callback_http_filter_http_callout(
+        filter_envoy_ptr: HttpFilterEnvoyPtr,
+        callout_id_out: *mut u64,
+        cluster_name: ModuleBuffer,
+        headers: *mut ModuleHttpHeader,
+        headers_size: usize,
+        body: ModuleBuffer,
+        timeout_milliseconds: u64,
+    ) -> HttpCalloutInitResult;
+    fn envoy_dynamic_module_callback_http_filter_continue_decoding(
+        filter_envoy_ptr: HttpFilterEnvoyPtr,
+    );
+}
+
+fn module_buffer(bytes: &[u8]) -> ModuleBuffer {
+    ModuleBuffer {
+        ptr: bytes.as_ptr().cast(),
+        length: bytes.len(),
+    }
+}
+
+/// The bytes of an Envoy buffer, valid for the current hook.
+///
+/// # Safety
+/// `b` must come from Envoy within the current event hook.
+unsafe fn envoy_bytes<'a>(b: EnvoyBuffer) -> &'a [u8] {
+    if b.ptr.is_null() || b.length == 0 {
+        &[]
+    } else {
+        std::slice::from_raw_parts(b.ptr.cast(), b.length)
+    }
+}
+
+/// A list Envoy hands over (headers, body chunks): empty when null.
+///
+/// # Safety
+/// `ptr` must point to `len` valid items for the current hook, or be null.
+unsafe fn envoy_list<'a, T>(ptr: *const T, len: usize) -> &'a [T] {
+    if ptr.is_null() || len == 0 {
+        &[]
+    } else {
+        std::slice::from_raw_parts(ptr, len)
+    }
+}
+
+fn header_type(map: Headers) -> HttpHeaderType {
+    match map {
+        Headers::Request => envoy_dynamic_module_type_http_header_type_RequestHeader,
+        Headers::Response => envoy_dynamic_module_type_http_header_type_ResponseHeader,
+    }
+}
+
+/// `increment_counter` and `record_histogram_value`.
+type MetricFn =
+    unsafe extern "C" fn(HttpFilterEnvoyPtr, usize, *mut ModuleBuffer, usize, u64) -> MetricsResult;
+
+/// One stream's filter in Envoy, for the duration of one hook.
+struct Filter {
+    ptr: HttpFilterEnvoyPtr,
+    /// Inside the body hook of that direction: the chunk that arrived is Envoy's "received"
+    /// body, apart from the buffered one unless Envoy says they are the same.
+    in_body: Option<Body>,
+}
+
+impl Filter {
+    fn types(body: Body) -> (HttpBodyType, HttpBodyType) {
+        match body {
+            Body::Request => (
+                envoy_dynamic_module_type_http_body_type_BufferedRequestBody,
+                envoy_dynamic_module_type_http_body_type_ReceivedRequestBody,
+            ),
+            Body::Response => (
+                envoy_dynamic_module_type_http_body_type_BufferedResponseBody,
+                envoy_dynamic_module_type_http_body_type_ReceivedResponseBody,
+            ),
+        }
+    }
+
+    /// The received chunk is a body of its own (not the buffered one again).
+    fn received_apart(&self, body: Body) -> bool {
+        if self.in_body != Some(body) {
+            return false;
+        }
+        // SAFETY: `ptr` is the filter of the current hook.
+        let same = unsafe {
+            match body {
+                Body::Request => {
+                    envoy_dynamic_module_callback_http_received_buffered_request_body(self.ptr)
+                }
+                Body::Response => {
+                    envoy_dynamic_module_callback_http_received_buffered_response_body(self.ptr)
+                }
+            }
+        };
+        !same
+    }
+
+    fn size(&self, kind: HttpBodyType) -> usize {
+        // SAFETY: `ptr` is the filter of the current hook.
+        unsafe { envoy_dynamic_module_callback_http_get_body_size(self.ptr, kind) }
+    }
+
+    fn append_chunks(&self, kind: HttpBodyType, out: &mut Vec<u8>) -> bool {
+        // SAFETY: `ptr` is the filter of the current hook; the vector has the length Envoy
+        // gave, and the chunks stay valid until the hook returns.
+        unsafe {
+            let n = envoy_dynamic_module_callback_http_get_body_chunks_size(self.ptr, kind);
+            if n == 0 {
+                return true;
+            }
+            let mut chunks = vec![
+                EnvoyBuffer {
+                    ptr: null(),
+                    length: 0
+                };
+                n
+            ];
+            if !envoy_dynamic_module_callback_http_get_body_chunks(
+                self.ptr,
+                kind,
+                chunks.as_mut_ptr(),
+            ) {
+                return false;
+            }
+            for c in chunks {
+                out.extend_from_slice(envoy_bytes(c));
+            }
+        }
+        true
+    }
+
+    fn metric(&self, update: MetricFn, id: usize, value: u64) {
+        // SAFETY: `ptr` is the filter of the current hook; no labels.
+        unsafe { update(self.ptr, id, null_mut(), 0, value) };
+    }
+
+    fn drain(&self, kind: HttpBodyType) {
+        let n = self.size(kind);
+        if n > 0 {
+            // SAFETY: `ptr` is the filter of the current hook.
+            unsafe { envoy_dynamic_module_callback_http_drain_body(self.ptr, kind, n) };
+        }
+    }
+}
+
+impl Envoy for Filter {
+    fn header(&mut self, map: Headers, name: &str) -> Option<String> {
+        let mut value = EnvoyBuffer {
+            ptr: null(),
+            length: 0,
+        };
+        // SAFETY: `ptr` is the filter of the current hook; the value is copied before it
+        // returns.
+        let found = unsafe {
+            envoy_dynamic_module_callback_http_get_header(
+                self.ptr,
+                header_type(map),
+                module_buffer(name.as_bytes()),
+                &mut value,
+                0,
+                null_mut(),
+            )
+        };
+        if !found || value.ptr.is_null() {
+            return None;
+        }
+        // SAFETY: Envoy gave the buffer in this hook.
+        let bytes = unsafe { envoy_bytes(value) };
+        std::str::from_utf8(bytes).ok().map(str::to_string)
+    }
+
+    fn set_header(&mut self, map: Headers, name: &str, value: Option<&str>) -> bool {
+        let value = match value {
+            Some(v) => module_buffer(v.as_bytes()),
+            None => ModuleBuffer {
+                ptr: null(),
+                length: 0,
+            },
+        };
+        // SAFETY: `ptr` is the filter of the current hook; the buffers outlive the call.
+        unsafe {
+            envoy_dynamic_module_callback_http_set_header(
+                self.ptr,
+                header_type(map),
+                module_buffer(name.as_bytes()),
+                value,
+            )
+        }
+    }
+
+    fn add_header(&mut self, map: Headers, name: &str, value: &str) -> bool {
+        // SAFETY: as for `set_header`.
+        unsafe {
+            envoy_dynamic_module_callback_http_add_header(
+                self.ptr,
+                header_type(map),
+                module_buffer(name.as_bytes()),
+                module_buffer(value.as_bytes()),
+            )
+        }
+    }
+
+    fn body_size(&mut self, body: Body) -> usize {
+        let (buffered, received) = Filter::types(body);
+        let mut n = self.size(buffered);
+        if self.received_apart(body) {
+            n += self.size(received);
+        }
+        n
+    }
+
+    fn read_body(&mut self, body: Body) -> Option<Vec<u8>> {
+        let (buffered, received) = Filter::types(body);
+        let mut out = Vec::with_capacity(self.body_size(body));
+        if !self.append_chunks(buffered, &mut out) {
+            return None;
+        }
+        if self.received_apart(body) && !self.append_chunks(received, &mut out) {
+            return None;
+        }
+        Some(out)
+    }
+
+    fn replace_body(&mut self, body: Body, data: &[u8]) -> bool {
+        let (buffered, received) = Filter::types(body);
+        let apart = self.received_apart(body);
+        self.drain(buffered);
+        if apart {
+            self.drain(received);
+        }
+        // Inside the body hook the chunk that arrived goes on after what is buffered.
+        let into = if self.in_body == Some(body) {
+            received
+        } else {
+            buffered
+        };
+        // SAFETY: `ptr` is the filter of the current hook; Envoy copies `data`.
+        unsafe {
+            envoy_dynamic_module_callback_http_append_body(self.ptr, into, module_buffer(data))
+        }
+    }
+
+    fn send_response(&mut self, status: u32, headers: &[(&str, &str)], body: &[u8]) {
+        let mut list = module_headers(headers);
+        // SAFETY: `ptr` is the filter of the current hook; every buffer outlives the call.
+        unsafe {
+            envoy_dynamic_module_callback_http_send_response(
+                self.ptr,
+                status,
+                list.as_mut_ptr(),
+                list.len(),
+                module_buffer(body),
+                module_buffer(b"incontext"),
+            )
+        }
+    }
+
+    fn callout(
+        &mut self,
+        cluster: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+        timeout_ms: u64,
+    ) -> Option<u64> {
+        let mut list = module_headers(headers);
+        let mut id = 0u64;
+        // SAFETY: `ptr` is the filter of the current hook; Envoy copies every buffer.
+        let result = unsafe {
+            envoy_dynamic_module_callback_http_filter_http_callout(
+                self.ptr,
+                &mut id,
+                module_buffer(cluster.as_bytes()),
+                list.as_mut_ptr(),
+                list.len(),
+                module_buffer(body),
+                timeout_ms,
+            )
+        };
+        (result == envoy_dynamic_module_type_http_callout_init_result_Success).then_some(id)
+    }
+
+    fn resume_request(&mut self) {
+        // SAFETY: `ptr` is the filter of the current hook.
+        unsafe { envoy_dynamic_module_callback_http_filter_continue_decoding(self.ptr) }
+    }
+
+    fn increment(&mut self, counter: usize) {
+        self.metric(
+            envoy_dynamic_module_callback_http_filter_increment_counter,
+            counter,
+            1,
+        );
+    }
+
+    fn record(&mut self, histogram: usize, value: u64) {
+        self.metric(
+            envoy_dynamic_module_callback_http_filter_record_histogram_value,
+            histogram,
+            value,
+        );
+    }
+}
+
+fn module_headers(headers: &[(&str, &str)]) -> Vec<ModuleHttpHeader> {
+    headers
+        .iter()
+        .map(|(k, v)| ModuleHttpHeader {
+            key_ptr: k.as_ptr().cast(),
+            key_length: k.len(),
+            value_ptr: v.as_ptr().cast(),
+            value_length: v.len(),
+        })
+        .collect()
+}
+
+/// `define_counter` and `define_histogram`.
+type DefineFn = unsafe extern "C" fn(
+    HttpFilterConfigEnvoyPtr,
+    ModuleBuffer,
+    *mut ModuleBuffer,
+    usize,
+    *mut usize,
+) -> MetricsResult;
+
+/// Defines metrics on a filter configuration while Envoy loads it.
+struct ConfigDefine(HttpFilterConfigEnvoyPtr);
+
+impl ConfigDefine {
+    fn define(&mut self, define: DefineFn, name: &str) -> Option<usize> {
+        let mut id = 0usize;
+        // SAFETY: the configuration pointer of the current `config_new` hook; no labels.
+        let r = unsafe {
+            define(
+                self.0,
+                module_buffer(name.as_bytes()),
+                null_mut(),
+                0,
+                &mut id,
+            )
+        };
+        (r == envoy_dynamic_module_type_metrics_result_Success).then_some(id)
+    }
+}
+
+impl Define for ConfigDefine {
+    fn counter(&mut self, name: &str) -> Option<usize> {
+        self.define(
+            envoy_dynamic_module_callback_http_filter_config_define_counter,
+            name,
+        )
+    }
+
+    fn histogram(&mut self, name: &str) -> Option<usize> {
+        self.define(
+            envoy_dynamic_module_callback_http_filter_config_define_histogram,
+            name,
+        )
+    }
+}
+
+/// The `log` crate's records into Envoy's log (its `dynamic_modules` component), at the
+/// levels Envoy prints.
+struct EnvoyLog;
+
+fn level(l: log::Level) -> LogLevel {
+    match l {
+        log::Level::Error => envoy_dynamic_module_type_log_level_Error,
+        log::Level::Warn => envoy_dynamic_module_type_log_level_Warn,
+        log::Level::Info => envoy_dynamic_module_type_log_level_Info,
+        log::Level::Debug => envoy_dynamic_module_type_log_level_Debug,
+        log::Level::Trace => envoy_dynamic_module_type_log_level_Trace,
+    }
+}
+
+impl log::Log for EnvoyLog {
+    fn enabled(&self, metadata: &log::Metadata) -> bool {
+        // SAFETY: a plain query of Envoy's log level.
+        unsafe { envoy_dynamic_module_callback_log_enabled(level(metadata.level())) }
+    }
+
+    fn log(&self, record: &log::Record) {
+        if !self.enabled(record.metadata()) {
+            return;
+        }
+        let line = record.args().to_string();
+        // SAFETY: Envoy copies the message.
+        unsafe {
+            envoy_dynamic_module_callback_log(level(record.level()), module_buffer(line.as_bytes()))
+        }
+    }
+
+    fn flush(&self) {}
+}
+
+static LOG: EnvoyLog = EnvoyLog;
+
+const ABI_VERSION_C: &CStr = c"v0.1.0";
+
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_program_init() -> AbiVersionModulePtr {
+    if log::set_logger(&LOG).is_ok() {
+        log::set_max_level(log::LevelFilter::Trace);
+    }
+    // A panic's message could quote a request: only where it happened is logged.
+    std::panic::set_hook(Box::new(|info| {
+        log::error!("{}", incontext_core::panic_line(info.location()));
+    }));
+    ABI_VERSION_C.as_ptr()
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_new(
+    filter_config_envoy_ptr: HttpFilterConfigEnvoyPtr,
+    name: EnvoyBuffer,
+    config: EnvoyBuffer,
+) -> HttpFilterConfigModulePtr {
+    let (name, config) = (envoy_bytes(name), envoy_bytes(config));
+    let loaded = catch_unwind(AssertUnwindSafe(|| {
+        let mut define = ConfigDefine(filter_config_envoy_ptr);
+        config::load(&mut define, name, config, |v| std::env::var(v).ok())
+    }));
+    match loaded {
+        Ok(Ok(shared)) => Box::into_raw(Box::new(Arc::new(shared)))
+            .cast_const()
+            .cast(),
+        Ok(Err(line)) => {
+            log::error!("{line}");
+            null()
+        }
+        Err(_) => null(),
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_destroy(
+    filter_config_ptr: HttpFilterConfigModulePtr,
+) {
+    if !filter_config_ptr.is_null() {
+        let config = Box::from_raw(filter_config_ptr.cast::<Arc<Shared>>().cast_mut());
+        let _ = catch_unwind(AssertUnwindSafe(move || drop(config)));
+    }
+}
+
+/// Per-route configurations are not supported: Envoy refuses one.
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_per_route_config_new(
+    _name: EnvoyBuffer,
+    _config: EnvoyBuffer,
+) -> HttpFilterPerRouteConfigModulePtr {
+    log::error!("incontext: per-route configurations are not supported");
+    null()
+}
+
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_per_route_config_destroy(
+    _filter_config_ptr: HttpFilterPerRouteConfigModulePtr,
+) {
+}
+
+/// A stream as Envoy holds it for the module. Envoy may end a stream inside a callback the
+/// stream made (a local reply): its destruction then waits until that hook returns.
+struct Slot {
+    busy: Cell<bool>,
+    doomed: Cell<bool>,
+    stream: UnsafeCell<Stream>,
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_new(
+    filter_config_ptr: HttpFilterConfigModulePtr,
+    _filter_envoy_ptr: HttpFilterEnvoyPtr,
+) -> HttpFilterModulePtr {
+    if filter_config_ptr.is_null() {
+        return null();
+    }
+    let shared = &*filter_config_ptr.cast::<Arc<Shared>>();
+    let made = catch_unwind(AssertUnwindSafe(|| {
+        Box::new(Slot {
+            busy: Cell::new(false),
+            doomed: Cell::new(false),
+            stream: UnsafeCell::new(Stream::new(shared.clone())),
+        })
+    }));
+    match made {
+        Ok(slot) => Box::into_raw(slot).cast_const().cast(),
+        Err(_) => null(),
+    }
+}
+
+/// Runs a hook on the stream behind a module pointer, with Envoy's filter for this hook;
+/// `None` for a null pointer.
+///
+/// # Safety
+/// `module` must be a pointer `on_http_filter_new` returned and not yet destroyed.
+unsafe fn on_stream<T>(
+    envoy: HttpFilterEnvoyPtr,
+    module: HttpFilterModulePtr,
+    in_body: Option<Body>,
+    hook: impl FnOnce(&mut Stream, &mut Filter) -> T,
+) -> Option<T> {
+    let slot = module.cast::<Slot>().as_ref()?;
+    if slot.busy.get() {
+        // Envoy calls no hook of a stream inside another.
+        return None;
+    }
+    slot.busy.set(true);
+    let mut filter = Filter {
+        ptr: envoy,
+        in_body,
+    };
+    // SAFETY: only this hook reaches the stream: `busy` keeps every other out, and a
+    // destruction meanwhile only marks the slot.
+    let out = hook(&mut *slot.stream.get(), &mut filter);
+    slot.busy.set(false);
+    if slot.doomed.get() {
+        free(module);
+    }
+    Some(out)
+}
+
+/// # Safety
+/// As for [`on_stream`]; the pointer is not used again.
+unsafe fn free(module: HttpFilterModulePtr) {
+    let slot = Box::from_raw(module.cast::<Slot>().cast_mut());
+    let _ = catch_unwind(AssertUnwindSafe(move || {
+        slot.stream.into_inner().destroyed()
+    }));
+}
+
+/// A header hook: what the stream answers; Continue without a stream or after a panic.
+///
+/// # Safety
+/// As for [`on_stream`].
+unsafe fn on_headers(
+    envoy: HttpFilterEnvoyPtr,
+    module: HttpFilterModulePtr,
+    run: impl FnOnce(&mut Stream, &mut dyn Envoy) -> HeadStatus,
+) -> HeadStatus {
+    on_stream(envoy, module, None, |s, f| {
+        s.guard(f, HeadStatus::Continue, false, run)
+    })
+    .unwrap_or(HeadStatus::Continue)
+}
+
+/// A body hook, likewise.
+///
+/// # Safety
+/// As for [`on_stream`].
+unsafe fn on_body(
+    envoy: HttpFilterEnvoyPtr,
+    module: HttpFilterModulePtr,
+    body: Body,
+    run: impl FnOnce(&mut Stream, &mut dyn Envoy) -> DataStatus,
+) -> DataStatus {
+    on_stream(envoy, module, Some(body), |s, f| {
+        s.guard(f, DataStatus::Continue, false, run)
+    })
+    .unwrap_or(DataStatus::Continue)
+}
+
+/// Envoy's header statuses (the request's and the response's have the same values).
+fn head_status(status: HeadStatus) -> u32 {
+    match status {
+        HeadStatus::Continue => {
+            envoy_dynamic_module_type_on_http_filter_request_headers_status_Continue
+        }
+        HeadStatus::Stop => {
+            envoy_dynamic_module_type_on_http_filter_request_headers_status_StopIteration
+        }
+    }
+}
+
+/// Envoy's body statuses (likewise).
+fn data_status(status: DataStatus) -> u32 {
+    match status {
+        DataStatus::Continue => {
+            envoy_dynamic_module_type_on_http_filter_request_body_status_Continue
+        }
+        DataStatus::Buffer => {
+            envoy_dynamic_module_type_on_http_filter_request_body_status_StopIterationAndBuffer
+        }
+        DataStatus::Stop => {
+            envoy_dynamic_module_type_on_http_filter_request_body_status_StopIterationNoBuffer
+        }
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_request_headers(
+    filter_envoy_ptr: HttpFilterEnvoyPtr,
+    filter_module_ptr: HttpFilterModulePtr,
+    end_of_stream: bool,
+) -> OnHttpFilterRequestHeadersStatus {
+    head_status(on_headers(filter_envoy_ptr, filter_module_ptr, |s, e| {
+        s.request_headers(e, end_of_stream)
+    }))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_request_body(
+    filter_envoy_ptr: HttpFilterEnvoyPtr,
+    filter_module_ptr: HttpFilterModulePtr,
+    end_of_stream: bool,
+) -> OnHttpFilterRequestBodyStatus {
+    data_status(on_body(
+        filter_envoy_ptr,
+        filter_module_ptr,
+        Body::Request,
+        |s, e| s.request_body(e, end_of_stream),
+    ))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_request_trailers(
+    filter_envoy_ptr: HttpFilterEnvoyPtr,
+    filter_module_ptr: HttpFilterModulePtr,
+) -> OnHttpFilterRequestTrailersStatus {
+    on_stream(filter_envoy_ptr, filter_module_ptr, None, |s, f| {
+        s.guard(f, (), false, |s, e| s.request_trailers(e))
+    });
+    envoy_dynamic_module_type_on_http_filter_request_trailers_status_Continue
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_response_headers(
+    filter_envoy_ptr: HttpFilterEnvoyPtr,
+    filter_module_ptr: HttpFilterModulePtr,
+    end_of_stream: bool,
+) -> OnHttpFilterResponseHeadersStatus {
+    head_status(on_headers(filter_envoy_ptr, filter_module_ptr, |s, e| {
+        s.response_headers(e, end_of_stream)
+    }))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_response_body(
+    filter_envoy_ptr: HttpFilterEnvoyPtr,
+    filter_module_ptr: HttpFilterModulePtr,
+    end_of_stream: bool,
+) -> OnHttpFilterResponseBodyStatus {
+    data_status(on_body(
+        filter_envoy_ptr,
+        filter_module_ptr,
+        Body::Response,
+        |s, e| s.response_body(e, end_of_stream),
+    ))
+}
+
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_response_trailers(
+    _filter_envoy_ptr: HttpFilterEnvoyPtr,
+    _filter_module_ptr: HttpFilterModulePtr,
+) -> OnHttpFilterResponseTrailersStatus {
+    envoy_dynamic_module_type_on_http_filter_response_trailers_status_Continue
+}
+
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_stream_complete(
+    _filter_envoy_ptr: HttpFilterEnvoyPtr,
+    _filter_module_ptr: HttpFilterModulePtr,
+) {
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_destroy(
+    filter_module_ptr: HttpFilterModulePtr,
+) {
+    let Some(slot) = filter_module_ptr.cast::<Slot>().as_ref() else {
+        return;
+    };
+    if slot.busy.get() {
+        slot.doomed.set(true);
+    } else {
+        free(filter_module_ptr);
+    }
+}
+
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_http_callout_done(
+    filter_envoy_ptr: HttpFilterEnvoyPtr,
+    filter_module_ptr: HttpFilterModulePtr,
+    callout_id: u64,
+    result: HttpCalloutResult,
+    headers: *mut EnvoyHttpHeader,
+    headers_size: usize,
+    body_chunks: *mut EnvoyBuffer,
+    body_chunks_size: usize,
+) {
+    let headers = envoy_list(headers.cast_const(), headers_size);
+    let chunks = envoy_list(body_chunks.cast_const(), body_chunks_size);
+    let answer = |s: &mut Stream, e: &mut dyn Envoy| {
+        let status = (result == envoy_dynamic_module_type_http_callout_result_Success)
+            .then(|| {
+                headers.iter().find_map(|h| {
+                    let key = envoy_bytes(EnvoyBuffer {
+                        ptr: h.key_ptr,
+                        length: h.key_length,
+                    });
+                    let value = envoy_bytes(EnvoyBuffer {
+                        ptr: h.value_ptr,
+                        length: h.value_length,
+                    });
+                    (key == b":status")
+                        .then(|| std::str::from_utf8(value).ok()?.trim().parse::<u16>().ok())
+                        .flatten()
+                })
+            })
+            .flatten();
+        let size: usize = chunks.iter().map(|c| c.length).sum();
+        let mut body = Vec::new();
+        if size <= incontext_core::flow::MAX_REPLY_BYTES {
+            body.reserve(size);
+            for c in chunks {
+                body.extend_from_slice(envoy_bytes(*c));
+            }
+        }
+        let answer = CallAnswer {
+            status,
+            size,
+            body: &body,
+        };
+        s.callout_done(e, callout_id, &answer)
+    };
+    on_stream(filter_envoy_ptr, filter_module_ptr, None, |s, f| {
+        s.guard(f, (), true, answer)
+    });
+}
+
+// Hooks Envoy requires of every HTTP filter module; incontext starts no streams, schedules
+// nothing and does not follow the client's write buffer.
+
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_headers(
+    _filter_envoy_ptr: HttpFilterEnvoyPtr,
+    _filter_module_ptr: HttpFilterModulePtr,
+    _stream_id: u64,
+    _headers: *mut EnvoyHttpHeader,
+    _headers_size: usize,
+    _end_stream: bool,
+) {
+}
+
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_data(
+    _filter_envoy_ptr: HttpFilterEnvoyPtr,
+    _filter_module_ptr: HttpFilterModulePtr,
+    _stream_id: u64,
+    _data: *const EnvoyBuffer,
+    _data_count: usize,
+    _end_stream: bool,
+) {
+}
+
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_trailers(
+    _filter_envoy_ptr: HttpFilterEnvoyPtr,
+    _filter_module_ptr: HttpFilterModulePtr,
+    _stream_id: u64,
+    _trailers: *mut EnvoyHttpHeader,
+    _trailers_size: usize,
+) {
+}
+
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_complete(
+    _filter_envoy_ptr: HttpFilterEnvoyPtr,
+    _filter_module_ptr: HttpFilterModulePtr,
+    _stream_id: u64,
+) {
+}
+
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_reset(
+    _filter_envoy_ptr: HttpFilterEnvoyPtr,
+    _filter_module_ptr: HttpFilterModulePtr,
+    _stream_id: u64,
+    _reason: HttpStreamResetReason,
+) {
+}
+
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_scheduled(
+    _filter_envoy_ptr: HttpFilterEnvoyPtr,
+    _filter_module_ptr: HttpFilterModulePtr,
+    _event_id: u64,
+) {
+}
+
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_downstream_above_write_buffer_high_watermark(
+    _filter_envoy_ptr: HttpFilterEnvoyPtr,
+    _filter_module_ptr: HttpFilterModulePtr,
+) {
+}
+
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_downstream_below_write_buffer_low_watermark(
+    _filter_envoy_ptr: HttpFilterEnvoyPtr,
+    _filter_module_ptr: HttpFilterModulePtr,
+) {
+}

@@ -1,0 +1,368 @@
+//! One HTTP stream's callbacks: each reads what Envoy has, hands it to the core's `Exchange`,
+//! and applies the step it returns. The request head is held (StopIteration) while its body
+//! is buffered and decided, so nothing goes upstream before the decision; every panic is
+//! caught here ([`Stream::guard`]) and the stream then passes everything as it comes.
+
+use crate::envoy::{Body, Envoy, Headers};
+use crate::metrics::Metrics;
+use crate::table::TABLE;
+use incontext_core::flow::{
+    Action, Call, Exchange, Histogram, Host, Metric, Plugin, Reply, RequestBodyStep, RequestHead,
+    RequestHeadStep, Step, MAX_REPLY_BYTES,
+};
+use incontext_core::response;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
+
+/// What every stream of one filter configuration shares.
+pub struct Shared {
+    pub plugin: Plugin,
+    pub metrics: Metrics,
+}
+
+/// What to do with a header block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HeadStatus {
+    Continue,
+    /// Hold the headers until the filter resumes the stream.
+    Stop,
+}
+
+/// What to do with a body chunk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DataStatus {
+    /// Let it, and whatever was buffered and held, go on.
+    Continue,
+    /// Keep it in Envoy's buffer; the stream stays held.
+    Buffer,
+    /// Stop: the request was answered locally.
+    Stop,
+}
+
+/// The core's view of Envoy, for one stream.
+struct View<'a> {
+    envoy: &'a mut dyn Envoy,
+    metrics: &'a Metrics,
+}
+
+impl Host for View<'_> {
+    fn get_shared(&mut self, key: &str) -> Option<Vec<u8>> {
+        TABLE.get(key)
+    }
+
+    fn set_shared(&mut self, key: &str, value: &[u8]) {
+        TABLE.set(key, value);
+    }
+
+    fn dispatch(
+        &mut self,
+        cluster: &str,
+        headers: &[(&str, &str)],
+        call: &Call,
+        timeout_ms: u64,
+    ) -> Option<u32> {
+        let body = call.body.as_deref().unwrap_or_default();
+        let id = self.envoy.callout(cluster, headers, body, timeout_ms)?;
+        // An id past u32 cannot be told apart: its answer will find no call waiting.
+        u32::try_from(id).ok()
+    }
+
+    fn increment(&mut self, metric: Metric) {
+        if let Some(id) = self.metrics.counter(metric) {
+            self.envoy.increment(id);
+        }
+    }
+
+    fn now_ms(&mut self) -> Option<u64> {
+        let since = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .ok()?;
+        u64::try_from(since.as_millis()).ok()
+    }
+
+    fn record(&mut self, histogram: Histogram, value: u64) {
+        if let Some(id) = self.metrics.histogram(histogram) {
+            self.envoy.record(id, value);
+        }
+    }
+
+    fn increment_route(&mut self, route: usize, metric: Metric) {
+        if let Some(id) = self.metrics.route_counter(route, metric) {
+            self.envoy.increment(id);
+        }
+    }
+}
+
+/// What a step left the request as.
+enum Held {
+    /// Still held: a call is out.
+    Waiting,
+    /// Resume it (as it came, or rewritten).
+    Go,
+    /// Answered locally.
+    Answered,
+}
+
+/// The answer to a tokenizer call, as Envoy delivered it.
+#[derive(Debug, Clone, Copy)]
+pub struct CallAnswer<'a> {
+    /// `None`: no answer (a reset, a timeout, an answer over Envoy's buffer limit).
+    pub status: Option<u16>,
+    /// The body's full size; `body` holds it when it is not over [`MAX_REPLY_BYTES`].
+    pub size: usize,
+    pub body: &'a [u8],
+}
+
+/// One HTTP stream.
+pub struct Stream {
+    shared: Arc<Shared>,
+    exchange: Exchange,
+    /// The request came with a content-length: after a rewrite it is set to the new length.
+    length: bool,
+    /// A panic was caught: everything passes as it comes.
+    broken: bool,
+}
+
+impl Stream {
+    pub fn new(shared: Arc<Shared>) -> Stream {
+        Stream {
+            shared,
+            exchange: Exchange::new(),
+            length: false,
+            broken: false,
+        }
+    }
+
+    /// Runs `f`; after a panic in it (or in any earlier callback of the stream) `pass`. A
+    /// panic is counted (`incontext_panics`) and the request resumed when `resume`; the panic
+    /// hook has logged where it happened.
+    pub fn guard<T>(
+        &mut self,
+        envoy: &mut dyn Envoy,
+        pass: T,
+        resume: bool,
+        f: impl FnOnce(&mut Stream, &mut dyn Envoy) -> T,
+    ) -> T {
+        if self.broken {
+            return pass;
+        }
+        match catch_unwind(AssertUnwindSafe(|| f(self, &mut *envoy))) {
+            Ok(out) => out,
+            Err(_) => {
+                self.broken = true;
+                if let Some(id) = self.shared.metrics.panics {
+                    envoy.increment(id);
+                }
+                if resume {
+                    envoy.resume_request();
+                }
+                pass
+            }
+        }
+    }
+
+    /// Runs `f` with the exchange, the plugin and the host view.
+    fn with<T>(
+        &mut self,
+        envoy: &mut dyn Envoy,
+        f: impl FnOnce(&mut Exchange, &Plugin, &mut View) -> T,
+    ) -> T {
+        let mut view = View {
+            envoy,
+            metrics: &self.shared.metrics,
+        };
+        f(&mut self.exchange, &self.shared.plugin, &mut view)
+    }
+
+    /// Applies a step, and tells the exchange whether Envoy applied it.
+    fn apply(&mut self, envoy: &mut dyn Envoy, step: Step) -> Held {
+        let length = self.length;
+        self.with(envoy, |exchange, plugin, view| {
+            let (held, applied) = match step {
+                Step::Wait => return Held::Waiting,
+                Step::Done(Action::Continue) => return Held::Go,
+                Step::Done(Action::Rewrite(rewrite)) => {
+                    let body = rewrite.into_body();
+                    let mut ok = view.envoy.replace_body(Body::Request, &body);
+                    if ok && length {
+                        let n = body.len().to_string();
+                        ok = view
+                            .envoy
+                            .set_header(Headers::Request, "content-length", Some(&n));
+                    }
+                    if !ok {
+                        log::warn!("incontext: cannot replace the body");
+                    }
+                    (Held::Go, ok)
+                }
+                Step::Done(Action::Reply(reply)) => {
+                    // Counted first: Envoy may end the stream inside `send_response`.
+                    exchange.applied(plugin, view, true);
+                    let headers: Vec<(&str, &str)> = reply
+                        .headers
+                        .iter()
+                        .map(|(k, v)| (*k, v.as_str()))
+                        .collect();
+                    view.envoy
+                        .send_response(reply.status, &headers, &reply.body);
+                    return Held::Answered;
+                }
+            };
+            exchange.applied(plugin, view, applied);
+            held
+        })
+    }
+
+    pub fn request_headers(&mut self, envoy: &mut dyn Envoy, end_of_stream: bool) -> HeadStatus {
+        let mut read = |name| envoy.header(Headers::Request, name);
+        let (method, path, encoding, length) = (
+            read(":method"),
+            read(":path"),
+            read("content-encoding"),
+            read("content-length"),
+        );
+        self.length = length.is_some();
+        let head = RequestHead {
+            method: method.as_deref(),
+            path: path.as_deref(),
+            content_encoding: encoding.as_deref(),
+            content_length: length.as_deref(),
+            end_of_stream,
+        };
+        self.with(envoy, |exchange, plugin, view| {
+            match exchange.on_headers(plugin, view, &head) {
+                RequestHeadStep::Continue => HeadStatus::Continue,
+                // Held with its body: Envoy's framing stays, set again after a rewrite.
+                RequestHeadStep::Buffer => HeadStatus::Stop,
+            }
+        })
+    }
+
+    pub fn request_body(&mut self, envoy: &mut dyn Envoy, end_of_stream: bool) -> DataStatus {
+        let read = self.with(envoy, |exchange, plugin, view| {
+            let size = view.envoy.body_size(Body::Request);
+            match exchange.on_body_chunk(plugin, view, size, end_of_stream) {
+                RequestBodyStep::Continue => return Err(DataStatus::Continue),
+                RequestBodyStep::Buffer | RequestBodyStep::Wait => return Err(DataStatus::Buffer),
+                RequestBodyStep::Read => {}
+            }
+            let Some(body) = view.envoy.read_body(Body::Request) else {
+                log::warn!("incontext: cannot read the body");
+                exchange.on_host_error(plugin, view);
+                return Err(DataStatus::Continue);
+            };
+            Ok(exchange.on_body(plugin, view, body))
+        });
+        let step = match read {
+            Ok(step) => step,
+            Err(status) => return status,
+        };
+        match self.apply(envoy, step) {
+            Held::Waiting => DataStatus::Buffer,
+            Held::Go => DataStatus::Continue,
+            Held::Answered => DataStatus::Stop,
+        }
+    }
+
+    pub fn request_trailers(&mut self, envoy: &mut dyn Envoy) {
+        self.with(envoy, |exchange, plugin, view| {
+            exchange.on_trailers(plugin, view)
+        })
+    }
+
+    /// The answer to call `id`.
+    pub fn callout_done(&mut self, envoy: &mut dyn Envoy, id: u64, answer: &CallAnswer) {
+        let Ok(token) = u32::try_from(id) else {
+            return;
+        };
+        let body = if answer.size > MAX_REPLY_BYTES {
+            &[][..]
+        } else {
+            answer.body
+        };
+        let reply = Reply {
+            token,
+            status: answer.status,
+            size: answer.size,
+            body,
+        };
+        let step = self.with(envoy, |exchange, plugin, view| {
+            exchange.on_reply(plugin, view, &reply)
+        });
+        if let Some(step) = step {
+            if let Held::Go = self.apply(envoy, step) {
+                envoy.resume_request();
+            }
+        }
+    }
+
+    pub fn response_headers(&mut self, envoy: &mut dyn Envoy, end_of_stream: bool) -> HeadStatus {
+        self.with(envoy, |exchange, plugin, view| {
+            for (name, value) in exchange.response_headers(plugin) {
+                view.envoy.add_header(Headers::Response, name, &value);
+            }
+            let mut read = |name| view.envoy.header(Headers::Response, name);
+            let (status, kind, encoding, length) = (
+                read(":status"),
+                read("content-type"),
+                read("content-encoding"),
+                read("content-length"),
+            );
+            let head = response::Head {
+                status: status.and_then(|s| s.trim().parse().ok()),
+                content_type: kind.as_deref(),
+                content_encoding: encoding.as_deref(),
+                content_length: length.as_deref(),
+                end_of_stream,
+            };
+            match exchange.on_response_head(plugin, &head) {
+                response::HeadStep::Pass | response::HeadStep::Observe => {}
+                // The body may change length.
+                response::HeadStep::Hold | response::HeadStep::Watch => {
+                    if !view
+                        .envoy
+                        .set_header(Headers::Response, "content-length", None)
+                    {
+                        log::warn!("incontext: cannot remove the answer's content-length");
+                        exchange.on_response_host_error();
+                    }
+                }
+            }
+            HeadStatus::Continue
+        })
+    }
+
+    pub fn response_body(&mut self, envoy: &mut dyn Envoy, end_of_stream: bool) -> DataStatus {
+        self.with(envoy, |exchange, plugin, view| {
+            let size = view.envoy.body_size(Body::Response);
+            match exchange.on_response_body(size, end_of_stream) {
+                response::BodyStep::Continue => return DataStatus::Continue,
+                response::BodyStep::Buffer => return DataStatus::Buffer,
+                response::BodyStep::Read => {}
+            }
+            let Some(data) = view.envoy.read_body(Body::Response) else {
+                log::warn!("incontext: cannot read the answer");
+                exchange.on_response_host_error();
+                return DataStatus::Continue;
+            };
+            match exchange.on_response_data(plugin, view, &data, end_of_stream) {
+                response::Edit::Keep => {}
+                response::Edit::Replace(out) => {
+                    if !view.envoy.replace_body(Body::Response, &out) {
+                        log::warn!("incontext: cannot replace the answer");
+                        exchange.on_response_host_error();
+                    }
+                }
+            }
+            DataStatus::Continue
+        })
+    }
+
+    /// The stream is gone. Envoy cancels its calls with it: a call still out is not kept
+    /// (docs/module.md).
+    pub fn destroyed(mut self) {
+        if !self.broken && self.exchange.abandon().is_some() {
+            log::debug!("incontext: a tokenizer call was cancelled with its stream");
+        }
+    }
+}

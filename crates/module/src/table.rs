@@ -1,0 +1,138 @@
+//! The process-wide table behind the core's shared data (`Host::get_shared`/`set_shared`):
+//! counts, anchors, learned context lengths and flags, seen by every worker thread and every
+//! filter configuration of the process, as a proxy-wasm VM's shared data is by every worker.
+//!
+//! The core's keys are slots (docs/spec.md §6): at most `cache_entries` (≤ 2^20) count slots
+//! and as many anchor slots, and 1024 slots for each table keyed by route and model. The table
+//! holds at most [`MAX_KEYS`] keys besides, so that no key space can grow it without bound;
+//! a new key past it is not stored (a miss later, as a failed write is for the core).
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, RandomState};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{LazyLock, Mutex};
+
+/// Above every key the core can make: 2 × 2^20 cache slots, 3 × 1024 route-and-model slots.
+pub const MAX_KEYS: usize = 1 << 22;
+
+/// Locks are held per shard, so workers rarely wait for each other.
+const SHARDS: usize = 16;
+
+pub struct Table {
+    shards: Vec<Mutex<HashMap<String, Vec<u8>>>>,
+    hasher: RandomState,
+    keys: AtomicUsize,
+    max_keys: usize,
+}
+
+impl Table {
+    pub fn new(max_keys: usize) -> Table {
+        Table {
+            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            hasher: RandomState::new(),
+            keys: AtomicUsize::new(0),
+            max_keys,
+        }
+    }
+
+    fn shard(&self, key: &str) -> Option<&Mutex<HashMap<String, Vec<u8>>>> {
+        let at = (self.hasher.hash_one(key) % SHARDS as u64) as usize;
+        self.shards.get(at)
+    }
+
+    pub fn get(&self, key: &str) -> Option<Vec<u8>> {
+        let shard = self.shard(key)?.lock().ok()?;
+        shard.get(key).cloned()
+    }
+
+    /// Stores `value` at `key`; `false` when a new key would pass the bound (or a lock is
+    /// poisoned).
+    pub fn set(&self, key: &str, value: &[u8]) -> bool {
+        let Some(Ok(mut shard)) = self.shard(key).map(Mutex::lock) else {
+            return false;
+        };
+        if let Some(slot) = shard.get_mut(key) {
+            slot.clear();
+            slot.extend_from_slice(value);
+            return true;
+        }
+        let taken = self
+            .keys
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                (n < self.max_keys).then_some(n + 1)
+            });
+        if taken.is_err() {
+            return false;
+        }
+        shard.insert(key.to_string(), value.to_vec());
+        true
+    }
+
+    /// How many keys it holds.
+    pub fn len(&self) -> usize {
+        self.keys.load(Ordering::Relaxed)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// The one table of the process.
+pub static TABLE: LazyLock<Table> = LazyLock::new(|| Table::new(MAX_KEYS));
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_value_is_read_back_and_replaced() {
+        let t = Table::new(8);
+        assert_eq!(t.get("a"), None);
+        assert!(t.set("a", b"one"));
+        assert_eq!(t.get("a").as_deref(), Some(&b"one"[..]));
+        assert!(t.set("a", b"second"));
+        assert_eq!(t.get("a").as_deref(), Some(&b"second"[..]));
+        assert_eq!(t.len(), 1);
+    }
+
+    #[test]
+    fn no_key_past_the_bound_is_stored_but_known_keys_still_change() {
+        let t = Table::new(3);
+        for i in 0..10 {
+            t.set(&format!("k{i}"), b"v");
+        }
+        assert_eq!(t.len(), 3);
+        let stored: Vec<_> = (0..10)
+            .filter(|i| t.get(&format!("k{i}")).is_some())
+            .collect();
+        assert_eq!(stored, vec![0, 1, 2]);
+        assert!(t.set("k1", b"w"));
+        assert_eq!(t.get("k1").as_deref(), Some(&b"w"[..]));
+        assert!(!t.set("k9", b"w"));
+    }
+
+    #[test]
+    fn every_thread_sees_every_other_threads_writes() {
+        let t = std::sync::Arc::new(Table::new(1000));
+        let writers: Vec<_> = (0..4)
+            .map(|w| {
+                let t = t.clone();
+                std::thread::spawn(move || {
+                    for i in 0..50 {
+                        assert!(t.set(&format!("w{w}.{i}"), &[w as u8, i as u8]));
+                    }
+                })
+            })
+            .collect();
+        for h in writers {
+            h.join().unwrap();
+        }
+        assert_eq!(t.len(), 200);
+        for w in 0..4u8 {
+            for i in 0..50u8 {
+                assert_eq!(t.get(&format!("w{w}.{i}")), Some(vec![w, i]));
+            }
+        }
+    }
+}

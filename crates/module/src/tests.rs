@@ -1,0 +1,400 @@
+//! The glue over a fake Envoy: what each hook returns, what it asks of Envoy, what it counts.
+
+use crate::config;
+use crate::envoy::{Body, Envoy, Headers};
+use crate::metrics::Define;
+use crate::stream::{CallAnswer, DataStatus, HeadStatus, Shared, Stream};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+const CONFIG: &str = r#"{"tokenizer":{"cluster":"vllm","authority":"vllm:8000"},
+    "context_length":32768,"min_output_tokens":4096,"fallback_margin_tokens":1024}"#;
+
+/// Metric names by id, as Envoy would define them.
+#[derive(Default)]
+struct Names(Vec<String>);
+
+impl Define for Names {
+    fn counter(&mut self, name: &str) -> Option<usize> {
+        self.0.push(name.to_string());
+        Some(self.0.len() - 1)
+    }
+    fn histogram(&mut self, name: &str) -> Option<usize> {
+        self.counter(name)
+    }
+}
+
+fn shared(config: &str) -> (Arc<Shared>, Vec<String>) {
+    let mut names = Names::default();
+    let s = config::load(&mut names, b"incontext", config.as_bytes(), |_| None).unwrap();
+    (Arc::new(s), names.0)
+}
+
+/// A call the glue sent: cluster, headers, body.
+type Callout = (String, Vec<(String, String)>, Vec<u8>);
+
+/// One stream's Envoy: its headers and bodies, and everything the glue asked of it.
+#[derive(Default)]
+struct Fake {
+    request_headers: Vec<(String, String)>,
+    response_headers: Vec<(String, String)>,
+    request_body: Vec<u8>,
+    response_body: Vec<u8>,
+    callouts: Vec<Callout>,
+    sent: Vec<(u32, Vec<u8>)>,
+    resumed: usize,
+    counters: HashMap<usize, u64>,
+    /// Reading a header panics (a fault inside the glue).
+    panic_on_header: bool,
+    refuse_callouts: bool,
+}
+
+impl Fake {
+    fn map(&mut self, map: Headers) -> &mut Vec<(String, String)> {
+        match map {
+            Headers::Request => &mut self.request_headers,
+            Headers::Response => &mut self.response_headers,
+        }
+    }
+    fn body(&mut self, body: Body) -> &mut Vec<u8> {
+        match body {
+            Body::Request => &mut self.request_body,
+            Body::Response => &mut self.response_body,
+        }
+    }
+}
+
+impl Envoy for Fake {
+    fn header(&mut self, map: Headers, name: &str) -> Option<String> {
+        assert!(!self.panic_on_header, "a fault in a header read");
+        let map = self.map(map);
+        map.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone())
+    }
+    fn set_header(&mut self, map: Headers, name: &str, value: Option<&str>) -> bool {
+        let map = self.map(map);
+        map.retain(|(k, _)| k != name);
+        if let Some(v) = value {
+            map.push((name.to_string(), v.to_string()));
+        }
+        true
+    }
+    fn add_header(&mut self, map: Headers, name: &str, value: &str) -> bool {
+        self.map(map).push((name.to_string(), value.to_string()));
+        true
+    }
+    fn body_size(&mut self, body: Body) -> usize {
+        self.body(body).len()
+    }
+    fn read_body(&mut self, body: Body) -> Option<Vec<u8>> {
+        Some(self.body(body).clone())
+    }
+    fn replace_body(&mut self, body: Body, data: &[u8]) -> bool {
+        *self.body(body) = data.to_vec();
+        true
+    }
+    fn send_response(&mut self, status: u32, _headers: &[(&str, &str)], body: &[u8]) {
+        self.sent.push((status, body.to_vec()));
+    }
+    fn callout(
+        &mut self,
+        cluster: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+        _timeout_ms: u64,
+    ) -> Option<u64> {
+        if self.refuse_callouts {
+            return None;
+        }
+        let headers = headers
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        self.callouts
+            .push((cluster.to_string(), headers, body.to_vec()));
+        Some(self.callouts.len() as u64 + 6)
+    }
+    fn resume_request(&mut self) {
+        self.resumed += 1;
+    }
+    fn increment(&mut self, counter: usize) {
+        *self.counters.entry(counter).or_default() += 1;
+    }
+    fn record(&mut self, _histogram: usize, _value: u64) {}
+}
+
+/// The counters that moved, by name.
+fn counted(names: &[String], fake: &Fake) -> Vec<(String, u64)> {
+    let mut out: Vec<(String, u64)> = fake
+        .counters
+        .iter()
+        .map(|(id, n)| (names[*id].clone(), *n))
+        .collect();
+    out.sort();
+    out
+}
+
+fn counts(pairs: &[(&str, u64)]) -> Vec<(String, u64)> {
+    let mut out: Vec<(String, u64)> = pairs.iter().map(|(k, n)| (k.to_string(), *n)).collect();
+    out.sort();
+    out
+}
+
+/// A POST of `body` to the chat endpoint, its head and body delivered in two chunks.
+fn post(body: &[u8]) -> Fake {
+    Fake {
+        request_headers: vec![
+            (":method".into(), "POST".into()),
+            (":path".into(), "/v1/chat/completions".into()),
+            ("content-length".into(), body.len().to_string()),
+        ],
+        ..Fake::default()
+    }
+}
+
+/// Delivers the body in two chunks, as Envoy buffers them; the status of the last.
+fn send_body(s: &mut Stream, f: &mut Fake, body: &[u8]) -> DataStatus {
+    let (a, b) = body.split_at(body.len() / 2);
+    f.request_body = a.to_vec();
+    assert_eq!(s.request_body(f, false), DataStatus::Buffer);
+    f.request_body.extend_from_slice(b);
+    s.request_body(f, true)
+}
+
+fn chat(prompt: &str, max_tokens: u64) -> Vec<u8> {
+    serde_json::to_vec(&serde_json::json!({
+        "model": "m",
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": max_tokens,
+    }))
+    .unwrap()
+}
+
+fn tokenizer_answer(count: usize) -> Vec<u8> {
+    serde_json::to_vec(&serde_json::json!({
+        "count": count,
+        "max_model_len": 32768,
+        "tokens": (0..count).collect::<Vec<_>>(),
+    }))
+    .unwrap()
+}
+
+fn answer(body: &[u8]) -> CallAnswer<'_> {
+    CallAnswer {
+        status: Some(200),
+        size: body.len(),
+        body,
+    }
+}
+
+fn header<'a>(map: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    map.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+}
+
+#[test]
+fn a_budgeted_request_is_held_until_its_count_then_rewritten_with_its_length() {
+    let (shared, names) = shared(CONFIG);
+    let body = chat("held until counted", 100_000);
+    let mut f = post(&body);
+    let mut s = Stream::new(shared.clone());
+    assert_eq!(s.request_headers(&mut f, false), HeadStatus::Stop);
+    assert_eq!(send_body(&mut s, &mut f, &body), DataStatus::Buffer);
+    // Nothing resumed before the decision: one call out, to the tokenizer cluster.
+    assert_eq!(f.resumed, 0);
+    assert_eq!(f.callouts.len(), 1);
+    let (cluster, headers, _) = &f.callouts[0];
+    assert_eq!(cluster, "vllm");
+    assert_eq!(header(headers, ":path"), Some("/tokenize"));
+    assert_eq!(header(headers, ":authority"), Some("vllm:8000"));
+    assert_eq!(f.request_body, body);
+
+    let reply = tokenizer_answer(1000);
+    s.callout_done(&mut f, 7, &answer(&reply));
+    assert_eq!(f.resumed, 1);
+    let sent: serde_json::Value = serde_json::from_slice(&f.request_body).unwrap();
+    assert_eq!(sent["max_tokens"], 32768 - 1000);
+    assert_eq!(
+        header(&f.request_headers, "content-length"),
+        Some(f.request_body.len().to_string().as_str())
+    );
+    assert_eq!(
+        counted(&names, &f),
+        counts(&[
+            ("incontext_requests", 1),
+            ("incontext_rewritten", 1),
+            ("incontext_tokenizer_calls", 1),
+            ("incontext_cache_misses", 1),
+            ("incontext_count_calls", 1),
+        ])
+    );
+
+    // The report goes out with the answer.
+    f.response_headers = vec![(":status".into(), "200".into())];
+    assert_eq!(s.response_headers(&mut f, false), HeadStatus::Continue);
+    assert_eq!(
+        header(&f.response_headers, "x-incontext-action"),
+        Some("rewritten")
+    );
+    assert_eq!(
+        header(&f.response_headers, "x-incontext-prompt-tokens"),
+        Some("1000")
+    );
+
+    // The same prompt again, from any stream of the process: counted from the table, decided
+    // in the body callback, with no call.
+    let mut g = post(&body);
+    let mut t = Stream::new(shared);
+    assert_eq!(t.request_headers(&mut g, false), HeadStatus::Stop);
+    assert_eq!(send_body(&mut t, &mut g, &body), DataStatus::Continue);
+    assert!(g.callouts.is_empty());
+    assert_eq!(g.request_body, f.request_body);
+    assert_eq!(
+        counted(&names, &g),
+        counts(&[
+            ("incontext_requests", 1),
+            ("incontext_rewritten", 1),
+            ("incontext_cache_hits", 1),
+        ])
+    );
+}
+
+#[test]
+fn a_request_that_is_not_budgeted_passes_at_once() {
+    let (shared, names) = shared(CONFIG);
+    let mut f = Fake {
+        request_headers: vec![
+            (":method".into(), "GET".into()),
+            (":path".into(), "/v1/models".into()),
+        ],
+        ..Fake::default()
+    };
+    let mut s = Stream::new(shared);
+    assert_eq!(s.request_headers(&mut f, true), HeadStatus::Continue);
+    assert!(f.callouts.is_empty());
+    assert_eq!(
+        counted(&names, &f),
+        counts(&[("incontext_requests", 1), ("incontext_unchanged_method", 1)])
+    );
+}
+
+#[test]
+fn a_call_envoy_refuses_is_decided_on_the_estimate_at_once() {
+    let (shared, names) = shared(CONFIG);
+    let body = chat("no call goes out", 100_000);
+    let mut f = post(&body);
+    f.refuse_callouts = true;
+    let mut s = Stream::new(shared);
+    assert_eq!(s.request_headers(&mut f, false), HeadStatus::Stop);
+    assert_eq!(send_body(&mut s, &mut f, &body), DataStatus::Continue);
+    assert!(f.callouts.is_empty());
+    assert_ne!(f.request_body, body);
+    assert_eq!(
+        header(&f.request_headers, "content-length"),
+        Some(f.request_body.len().to_string().as_str())
+    );
+    f.response_headers = vec![(":status".into(), "200".into())];
+    s.response_headers(&mut f, false);
+    assert_eq!(
+        header(&f.response_headers, "x-incontext-source"),
+        Some("estimate")
+    );
+    let moved = counted(&names, &f);
+    assert!(
+        moved.contains(&("incontext_estimates".to_string(), 1)),
+        "{moved:?}"
+    );
+    assert!(
+        moved.contains(&("incontext_rewritten".to_string(), 1)),
+        "{moved:?}"
+    );
+}
+
+#[test]
+fn a_prompt_with_no_room_is_answered_locally_when_configured_to_reject() {
+    let config = format!(
+        "{},\"on_insufficient\":\"reject\"}}",
+        CONFIG.trim_end().trim_end_matches('}')
+    );
+    let (shared, names) = shared(&config);
+    let body = chat("too long a prompt", 100_000);
+    let mut f = post(&body);
+    let mut s = Stream::new(shared);
+    assert_eq!(s.request_headers(&mut f, false), HeadStatus::Stop);
+    assert_eq!(send_body(&mut s, &mut f, &body), DataStatus::Buffer);
+    let reply = tokenizer_answer(32000);
+    s.callout_done(&mut f, 7, &answer(&reply));
+    assert_eq!(f.sent.len(), 1);
+    assert_eq!(f.sent[0].0, 400);
+    assert_eq!(f.resumed, 0);
+    assert_eq!(f.request_body, body);
+    let moved = counted(&names, &f);
+    assert!(
+        moved.contains(&("incontext_rejected".to_string(), 1)),
+        "{moved:?}"
+    );
+}
+
+#[test]
+fn a_panic_lets_the_request_pass_counts_once_and_leaves_the_stream_alone() {
+    let (shared, names) = shared(CONFIG);
+    let body = chat("a fault", 100_000);
+    let mut f = post(&body);
+    f.panic_on_header = true;
+    let mut s = Stream::new(shared);
+    let out = s.guard(&mut f, HeadStatus::Continue, false, |s, e| {
+        s.request_headers(e, false)
+    });
+    assert_eq!(out, HeadStatus::Continue);
+    f.panic_on_header = false;
+    // Every later callback of the stream passes, and nothing more is asked of Envoy.
+    f.request_body = body.clone();
+    let out = s.guard(&mut f, DataStatus::Continue, false, |s, e| {
+        s.request_body(e, true)
+    });
+    assert_eq!(out, DataStatus::Continue);
+    assert!(f.callouts.is_empty());
+    assert_eq!(f.request_body, body);
+    assert_eq!(f.resumed, 0);
+    assert_eq!(counted(&names, &f), counts(&[("incontext_panics", 1)]));
+}
+
+#[test]
+fn a_panic_while_the_request_is_held_resumes_it() {
+    let (shared, names) = shared(CONFIG);
+    let body = chat("a fault while held", 100_000);
+    let mut f = post(&body);
+    let mut s = Stream::new(shared);
+    assert_eq!(s.request_headers(&mut f, false), HeadStatus::Stop);
+    assert_eq!(send_body(&mut s, &mut f, &body), DataStatus::Buffer);
+    let before = counted(&names, &f);
+    s.guard(&mut f, (), true, |_, _| -> () {
+        panic!("a fault in the answer's callback");
+    });
+    assert_eq!(f.resumed, 1);
+    assert_eq!(f.request_body, body);
+    let mut want = before.clone();
+    want.push(("incontext_panics".into(), 1));
+    want.sort();
+    assert_eq!(counted(&names, &f), want);
+    // The call's answer, when it comes, changes nothing.
+    let reply = tokenizer_answer(1000);
+    s.guard(&mut f, (), true, |s, e| {
+        s.callout_done(e, 7, &answer(&reply))
+    });
+    assert_eq!(f.request_body, body);
+    assert_eq!(f.resumed, 1);
+}
+
+#[test]
+fn a_config_is_refused_with_its_field_named() {
+    let mut names = Names::default();
+    let bad = r#"{"tokenizer":{"cluster":"vllm"},"min_output_tokens":"many"}"#;
+    let err = config::load(&mut names, b"incontext", bad.as_bytes(), |_| None)
+        .err()
+        .unwrap();
+    assert!(err.contains("min_output_tokens"), "{err}");
+    assert!(names.0.is_empty());
+    let err = config::load(&mut names, b"other", CONFIG.as_bytes(), |_| None)
+        .err()
+        .unwrap();
+    assert!(err.contains("filter_name"), "{err}");
+}

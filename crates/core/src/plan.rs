@@ -16,6 +16,9 @@ pub enum Source {
     Estimate,
     /// An upper bound that proved the outcome without a count (docs/spec.md §15).
     Bound,
+    /// A lower bound: the server said the prompt has at least this many tokens (a counter
+    /// that refused it as too long).
+    AtLeast,
 }
 
 impl Source {
@@ -25,6 +28,7 @@ impl Source {
             Source::Cache => "cache",
             Source::Estimate => "estimate",
             Source::Bound => "bound",
+            Source::AtLeast => "at_least",
         }
     }
 }

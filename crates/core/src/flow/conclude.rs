@@ -158,9 +158,13 @@ impl Verdict {
         super::context::learn_refused(ctx, &pending.model, e);
         let config = ctx.config();
         let Pending { req, body, .. } = *pending;
-        let prompt = match (e.prompt, req.estimate(&body)) {
-            (Some(a), Some(b)) => a.max(b),
-            (a, b) => a.or(b).unwrap_or(0),
+        // P: the server's exact count where it gave one, else the larger of its lower bound
+        // and the estimate; the source says which.
+        let (prompt, source) = match (e.prompt, req.estimate(&body)) {
+            (Some(a), _) if e.prompt_exact => (a, Source::Exact),
+            (Some(a), Some(b)) if b > a => (b, Source::Estimate),
+            (Some(a), _) => (a, Source::AtLeast),
+            (None, b) => (b.unwrap_or(0), Source::Estimate),
         };
         let windows = crate::plan::window(config, e.context).ok();
         let caller = req.cap.map(|c| c.value);
@@ -191,7 +195,7 @@ impl Verdict {
                 };
                 Verdict::Rejected {
                     prompt,
-                    source: Source::Exact,
+                    source,
                     body: req
                         .form
                         .reject_body(w, prompt, inputs.remaining(), inputs.required()),
@@ -200,7 +204,7 @@ impl Verdict {
             }
             _ => Verdict::Unchanged {
                 reason: Reason::TooLong,
-                count: Some((prompt, Source::Exact)),
+                count: Some((prompt, source)),
                 budget: Some(budget),
             },
         }

@@ -198,6 +198,9 @@ fn a_prompt_the_counter_refuses_as_too_long() {
         header(&x, &p, HEADER_ACTION).as_deref(),
         Some("unchanged:too_long")
     );
+    // 4097 is the server's lower bound ("at least"), not a count: the source says so.
+    assert_eq!(header(&x, &p, HEADER_PROMPT).as_deref(), Some("4097"));
+    assert_eq!(header(&x, &p, HEADER_SOURCE).as_deref(), Some("at_least"));
     assert!(!host.metrics.iter().any(|m| matches!(m, Metric::Failure(_))));
     let (_, out) = answer(
         &mut x,
@@ -222,6 +225,8 @@ fn a_prompt_the_counter_refuses_as_too_long() {
                 error_message(&r.body),
                 "prompt is too long: 4097 tokens > 4032 maximum"
             );
+            let source = r.headers.iter().find(|(k, _)| *k == HEADER_SOURCE);
+            assert_eq!(source.map(|(_, v)| v.as_str()), Some("at_least"));
         }
         other => panic!("{other:?}"),
     }
@@ -238,6 +243,15 @@ fn a_prompt_the_counter_refuses_as_too_long() {
     );
     rewritten(step);
     assert_eq!(host.count(Metric::Failure(Failure::Status)), 1);
+    // A prompt whose estimate is above the server's lower bound: the estimate, said so.
+    let p = plugin(r#","context_length":4096"#);
+    let mut host = FakeHost::default();
+    let long = MESSAGES.replace("be brief", &"word ".repeat(5000));
+    let (mut x, _) = send(&p, &mut host, "/v1/messages", leak(long));
+    reply(&p, &mut host, &mut x, 400, COUNT_REFUSED);
+    let estimated: u64 = header(&x, &p, HEADER_PROMPT).unwrap().parse().unwrap();
+    assert!(estimated > 4097, "{estimated}");
+    assert_eq!(header(&x, &p, HEADER_SOURCE).as_deref(), Some("estimate"));
 }
 
 #[test]

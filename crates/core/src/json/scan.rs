@@ -314,11 +314,8 @@ fn skip_string(body: &[u8], start: usize) -> Parse<(usize, bool)> {
             Some(_) | None => return Err(Invalid), // a control character, or the end
         }
     }
-    if high
-        && body
-            .get(start..i)
-            .is_none_or(|s| std::str::from_utf8(s).is_err())
-    {
+    // `start..i` lies in `body` (`i` only moved forward from `start`, over bytes of `body`).
+    if high && std::str::from_utf8(body.get(start..i).unwrap_or_default()).is_err() {
         return Err(Invalid);
     }
     Ok((i + 1, escaped))

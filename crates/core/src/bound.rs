@@ -259,27 +259,25 @@ struct Function<'a> {
 pub fn reserialized_growth(json: &[u8]) -> u64 {
     let mut growth = 0;
     let mut i = 0;
-    while i < json.len() {
-        match json[i] {
+    while let Some(&b) = json.get(i) {
+        match b {
             b'"' => {
                 i += 1;
-                while i < json.len() && json[i] != b'"' {
-                    i += if json[i] == b'\\' { 2 } else { 1 };
+                while let Some(&c) = json.get(i).filter(|c| **c != b'"') {
+                    i += if c == b'\\' { 2 } else { 1 };
                 }
             }
             b',' | b':' => growth += 1,
             b'-' | b'0'..=b'9' => {
-                let start = i;
-                while json
+                let mut float = false;
+                while let Some(&n) = json
                     .get(i + 1)
-                    .is_some_and(|b| matches!(b, b'0'..=b'9' | b'.' | b'e' | b'E' | b'+' | b'-'))
+                    .filter(|n| matches!(n, b'0'..=b'9' | b'.' | b'e' | b'E' | b'+' | b'-'))
                 {
+                    float |= matches!(n, b'.' | b'e' | b'E');
                     i += 1;
                 }
-                if json[start..=i]
-                    .iter()
-                    .any(|b| matches!(b, b'.' | b'e' | b'E'))
-                {
+                if float {
                     growth += FLOAT;
                 }
             }

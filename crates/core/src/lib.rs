@@ -6,6 +6,16 @@
 //! SGLang, llama.cpp). `json` is the byte-level JSON toolkit everything else is built on.
 //! The contract is docs/spec.md.
 
+#![cfg_attr(
+    not(test),
+    deny(
+        clippy::indexing_slicing,
+        clippy::unreachable,
+        clippy::todo,
+        clippy::unimplemented
+    )
+)]
+
 pub mod backend;
 pub mod bound;
 pub mod cache;
@@ -13,12 +23,14 @@ pub mod caps;
 pub mod config;
 pub mod dialect;
 pub mod estimate;
+#[allow(clippy::indexing_slicing, clippy::unreachable)]
 pub mod flow;
 pub mod json;
 pub mod plan;
 pub mod reason;
 pub mod report;
 pub mod request;
+#[allow(clippy::indexing_slicing, clippy::unreachable)]
 pub mod response;
 pub mod rewrite;
 pub mod rule;

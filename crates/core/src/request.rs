@@ -148,7 +148,9 @@ pub fn analyze_at(body: &[u8], config: &Config, endpoint: Endpoint) -> Result<Re
                 let field = CapField::from_key(key).filter(|c| endpoint.is_cap(*c));
                 if let Some(field) = field {
                     cap_members.push(i);
-                    last_cap[field as usize] = Some(i);
+                    if let Some(last) = last_cap.get_mut(field as usize) {
+                        *last = Some(i);
+                    }
                 }
                 continue;
             }
@@ -188,7 +190,7 @@ pub fn analyze_at(body: &[u8], config: &Config, endpoint: Endpoint) -> Result<Re
         CapField::MaxCompletionTokens,
         CapField::MaxOutputTokens,
     ] {
-        let Some(member) = last_cap[field as usize] else {
+        let Some(member) = last_cap.get(field as usize).copied().flatten() else {
             continue;
         };
         let Some(value) = raw(body, &members, Some(member)).and_then(parse_cap) else {

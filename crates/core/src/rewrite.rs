@@ -38,9 +38,11 @@ impl Edit {
 
     /// What replaces `body[..end]`: patched over `body` when it fits there, else built.
     pub fn write_head<'a>(&self, body: &'a mut [u8]) -> Cow<'a, [u8]> {
-        match self.patch_in_place(body) {
-            // `patch_in_place` wrote `body[keep..len]` inside `body[..end]`.
-            Some(len) => Cow::Borrowed(&body[..len]),
+        let patched = self.patch_in_place(body);
+        let body: &'a [u8] = body;
+        // `patch_in_place` wrote `body[keep..len]` inside `body[..end]`.
+        match patched.and_then(|len| body.get(..len)) {
+            Some(head) => Cow::Borrowed(head),
             None => Cow::Owned(self.head(body)),
         }
     }
@@ -73,7 +75,8 @@ impl HeadWriter<'_> {
         if self.tail.is_empty() && range.start == self.keep {
             self.keep = range.end;
         } else {
-            self.tail.extend_from_slice(&self.body[range]);
+            self.tail
+                .extend_from_slice(self.body.get(range).unwrap_or_default());
         }
     }
 
@@ -163,7 +166,8 @@ pub fn splice_edit_with(
         if is_target {
             let quoted_len = field.len() + 2;
             let key_text = body.get(m.key_start..m.key_start + quoted_len);
-            if m.key == field && key_text.is_some_and(|k| &k[1..quoted_len - 1] == field.as_bytes())
+            if m.key == field
+                && key_text.and_then(|k| k.get(1..quoted_len - 1)) == Some(field.as_bytes())
             {
                 // Same name written plainly: keep key and spacing, replace the value only.
                 out.copy(m.key_start..m.value.start);

@@ -61,19 +61,19 @@ pub struct Reply {
     pub max_model_len: u64,
 }
 
-/// Checks a tokenizer answer against the contract. `status` is the HTTP status (`None` when
-/// there was no response); `context_length` is the configured C.
-pub fn parse_reply(
-    status: Option<u16>,
-    body: &[u8],
-    context_length: Option<u64>,
-) -> Result<Reply, Failure> {
+/// The HTTP status gate every tokenizer answer passes first; `None` when there was no
+/// response.
+pub fn check_status(status: Option<u16>) -> Result<(), Failure> {
     match status {
-        None => return Err(Failure::Transport),
-        Some(504) => return Err(Failure::Timeout),
-        Some(s) if !(200..300).contains(&s) => return Err(Failure::Status),
-        Some(_) => {}
+        None => Err(Failure::Transport),
+        Some(504) => Err(Failure::Timeout),
+        Some(s) if !(200..300).contains(&s) => Err(Failure::Status),
+        Some(_) => Ok(()),
     }
+}
+
+/// Checks a `/tokenize` answer's body (its status passed) against the contract.
+pub fn parse_reply(body: &[u8]) -> Result<Reply, Failure> {
     #[derive(serde::Deserialize)]
     struct Raw {
         count: Option<Value>,
@@ -111,7 +111,6 @@ pub fn parse_reply(
         .and_then(Value::as_u64)
         .filter(|m| *m > 0)
         .ok_or(Failure::Contract)?;
-    check_context(max_model_len, context_length)?;
     Ok(Reply {
         count,
         max_model_len,
@@ -180,9 +179,9 @@ mod reply_tests {
     #[test]
     fn invalid_utf8_in_an_ignored_member_is_bad_json() {
         let body = b"{\"t\":\"t\xf0ken\",\"count\":6,\"max_model_len\":512}";
-        assert_eq!(parse_reply(Some(200), body, None), Err(Failure::BadJson));
+        assert_eq!(parse_reply(body), Err(Failure::BadJson));
         let ok = br#"{"t":"token","count":6,"max_model_len":512}"#;
-        assert_eq!(parse_reply(Some(200), ok, None).map(|r| r.count), Ok(6));
+        assert_eq!(parse_reply(ok).map(|r| r.count), Ok(6));
     }
 }
 
@@ -260,38 +259,32 @@ mod tests {
     #[test]
     fn reply_contract() {
         assert_eq!(
-            parse_reply(
-                Some(200),
-                br#"{"count":5,"max_model_len":512,"tokens":[1]}"#,
-                None
-            ),
+            parse_reply(br#"{"count":5,"max_model_len":512,"tokens":[1]}"#),
             Ok(Reply {
                 count: 5,
                 max_model_len: 512
             })
         );
         assert_eq!(
-            parse_reply(Some(200), br#"{"count":0,"max_model_len":512}"#, Some(512)),
+            parse_reply(br#"{"count":0,"max_model_len":512}"#),
             Ok(Reply {
                 count: 0,
                 max_model_len: 512
             })
         );
-        assert_eq!(
-            parse_reply(Some(200), br#"{"count":5,"max_model_len":512}"#, Some(1024)),
-            Err(Failure::Mismatch)
-        );
-        assert_eq!(parse_reply(None, b"", None), Err(Failure::Transport));
-        assert_eq!(parse_reply(Some(504), b"", None), Err(Failure::Timeout));
-        assert_eq!(
-            parse_reply(Some(500), br#"{"count":5,"max_model_len":512}"#, None),
-            Err(Failure::Status)
-        );
-        assert_eq!(
-            parse_reply(Some(200), b"<html>", None),
-            Err(Failure::BadJson)
-        );
-        assert_eq!(parse_reply(Some(200), b"", None), Err(Failure::BadJson));
+        assert_eq!(check_context(512, Some(512)), Ok(()));
+        assert_eq!(check_context(512, None), Ok(()));
+        assert_eq!(check_context(512, Some(1024)), Err(Failure::Mismatch));
+        assert_eq!(check_status(None), Err(Failure::Transport));
+        assert_eq!(check_status(Some(504)), Err(Failure::Timeout));
+        for status in [199, 300, 404, 500, 503] {
+            assert_eq!(check_status(Some(status)), Err(Failure::Status), "{status}");
+        }
+        for status in [200, 201, 299] {
+            assert_eq!(check_status(Some(status)), Ok(()), "{status}");
+        }
+        assert_eq!(parse_reply(b"<html>"), Err(Failure::BadJson));
+        assert_eq!(parse_reply(b""), Err(Failure::BadJson));
         for bad in [
             r#"{"count":-1,"max_model_len":512}"#,
             r#"{"count":true,"max_model_len":512}"#,
@@ -305,11 +298,7 @@ mod tests {
             "null",
             r#""x""#,
         ] {
-            assert_eq!(
-                parse_reply(Some(200), bad.as_bytes(), None),
-                Err(Failure::Contract),
-                "{bad}"
-            );
+            assert_eq!(parse_reply(bad.as_bytes()), Err(Failure::Contract), "{bad}");
         }
     }
 

@@ -2,7 +2,7 @@
 //! content for a string prompt;
 //! the per-slot window from `/props`.
 
-use super::{get, object, positive, post, status_ok, Call, CallKind, Counted};
+use super::{get, messages_count, object, positive, post, Call, CallKind, Counted, Map, Server};
 use crate::config::TokenizerConfig;
 use crate::dialect::{responses, Form};
 use crate::json::scan::array_items;
@@ -18,36 +18,41 @@ pub const LLAMACPP_RESPONSES_COUNT_PATH: &str = "/v1/responses/input_tokens";
 /// llama.cpp's server properties (`default_generation_settings.n_ctx`).
 pub const LLAMACPP_PROPS_PATH: &str = "/props";
 
-/// The count call for an OpenAI dialect.
-pub(super) fn count_call(t: &TokenizerConfig, req: &Request, body: &[u8]) -> Option<Call> {
-    match req.form {
-        Form::Chat => Some(post(
-            LLAMACPP_CHAT_COUNT_PATH,
-            body.to_vec(),
-            CallKind::InputTokens,
-        )),
-        Form::Completion => Some(post(
-            &t.path,
-            llamacpp_content(req, body)?,
-            CallKind::TokenList,
-        )),
-        Form::Responses => Some(post(
-            LLAMACPP_RESPONSES_COUNT_PATH,
-            responses::payload(req, body)?,
-            CallKind::InputTokens,
-        )),
-        // Counted by Anthropic's counter, shared by every backend.
-        Form::Messages => None,
+pub(super) struct Llamacpp;
+
+impl Server for Llamacpp {
+    fn count_call(&self, t: &TokenizerConfig, req: &Request, body: &[u8]) -> Option<Call> {
+        match req.form {
+            Form::Chat => Some(post(
+                LLAMACPP_CHAT_COUNT_PATH,
+                body.to_vec(),
+                CallKind::InputTokens,
+            )),
+            Form::Completion => Some(post(
+                &t.path,
+                llamacpp_content(req, body)?,
+                CallKind::TokenList,
+            )),
+            Form::Messages => Some(messages_count(body)),
+            Form::Responses => Some(post(
+                LLAMACPP_RESPONSES_COUNT_PATH,
+                responses::payload(req, body)?,
+                CallKind::InputTokens,
+            )),
+        }
+    }
+
+    fn window_call(&self) -> Call {
+        get(LLAMACPP_PROPS_PATH, CallKind::Props)
+    }
+
+    fn window_error(&self, body: &Value) -> Option<WindowError> {
+        window_error(body)
     }
 }
 
-pub(super) fn window_call() -> Call {
-    get(LLAMACPP_PROPS_PATH, CallKind::Props)
-}
-
 /// `{"tokens": [...]}`.
-pub(super) fn parse_token_list(status: Option<u16>, body: &[u8]) -> Result<Counted, Failure> {
-    status_ok(status)?;
+pub(super) fn parse_token_list(body: &[u8]) -> Result<Counted, Failure> {
     let map = object(body)?;
     let tokens = map
         .get("tokens")
@@ -60,7 +65,7 @@ pub(super) fn parse_token_list(status: Option<u16>, body: &[u8]) -> Result<Count
 }
 
 /// The per-slot `n_ctx` of `/props`.
-pub(super) fn parse_props(map: &serde_json::Map<String, Value>) -> Result<u64, Failure> {
+pub(super) fn parse_props(map: &Map) -> Result<u64, Failure> {
     positive(
         map.get("default_generation_settings")
             .and_then(|s| s.get("n_ctx")),

@@ -1,17 +1,19 @@
 //! Tokenizer backends (docs/spec.md §11): for each model server and request dialect, the call
 //! that counts a prompt exactly and how its answer reads; and where the window C comes from
-//! when the count does not report it. One module per backend; what they share lives here.
+//! when the count does not report it. Each backend is one module implementing [`Server`]
+//! (its calls, its `/tokenize` reading, its window errors); what they share lives here: the
+//! answers' shapes ([`CallKind`]) and their parsers, the status gate, the headers.
 
 mod llamacpp;
 mod render;
 mod sglang;
 mod vllm;
 
-use crate::config::{Backend, Config};
+use crate::config::{Backend, Config, TokenizerConfig};
 use crate::dialect::Form;
 use crate::request::Request;
-use crate::response::window::{message, WindowError};
-use crate::tokenize::Failure;
+use crate::response::window::{Capture, WindowError};
+use crate::tokenize::{check_status, parse_reply, Failure};
 use serde_json::Value;
 
 pub use llamacpp::{LLAMACPP_CHAT_COUNT_PATH, LLAMACPP_PROPS_PATH, LLAMACPP_RESPONSES_COUNT_PATH};
@@ -61,80 +63,65 @@ pub struct Counted {
     pub window: Option<u64>,
 }
 
+/// A tokenizer backend: the calls it answers and how it words what it says. The provided
+/// methods are what most backends do.
+trait Server {
+    /// The call that counts `req` exactly, or `None` when a field the payload needs does not
+    /// parse or the backend cannot count this dialect (the estimate is used then).
+    fn count_call(&self, t: &TokenizerConfig, req: &Request, body: &[u8]) -> Option<Call>;
+
+    /// The call that counts a conversation's tail alone (docs/spec.md §15); the skip is
+    /// vLLM's only.
+    fn tail_call(
+        &self,
+        _t: &TokenizerConfig,
+        _req: &Request,
+        _body: &[u8],
+        _messages: &[u8],
+    ) -> Option<Call> {
+        None
+    }
+
+    /// The call that reports the window C: `/v1/models`.
+    fn window_call(&self) -> Call {
+        get(MODELS_PATH, CallKind::Models)
+    }
+
+    /// Whether answers to the count calls for `form` report the window.
+    fn count_reports_window(&self, _form: Form) -> bool {
+        false
+    }
+
+    /// Reads a `/tokenize` answer (its status passed): the count; the `max_model_len` there
+    /// is checked but is not the server's window.
+    fn parse_tokenize(&self, _config: &Config, body: &[u8]) -> Result<Counted, Failure> {
+        Ok(Counted {
+            count: parse_reply(body)?.count,
+            window: None,
+        })
+    }
+
+    /// The window error in an error body (its JSON), by this backend's wording (docs/spec.md
+    /// §13); `None` for any other error.
+    fn window_error(&self, body: &Value) -> Option<WindowError>;
+}
+
+/// The configured backend.
+fn server(backend: Backend) -> &'static dyn Server {
+    match backend {
+        Backend::Vllm => &vllm::Vllm,
+        Backend::Sglang => &sglang::Sglang,
+        Backend::Llamacpp => &llamacpp::Llamacpp,
+        Backend::VllmRender => &render::Render,
+    }
+}
+
 fn post(path: &str, body: Vec<u8>, kind: CallKind) -> Call {
     Call {
         method: "POST",
         path: path.to_string(),
         body: Some(body),
         kind,
-    }
-}
-
-/// The window error in a server's error body (its JSON), by `backend`'s wording (docs/spec.md
-/// §13); `None` for any other error.
-pub fn window_error(backend: Backend, body: &Value) -> Option<WindowError> {
-    match backend {
-        Backend::Vllm | Backend::VllmRender => vllm::window_error(message(body)?),
-        Backend::Sglang => sglang::window_error(message(body)?),
-        Backend::Llamacpp => llamacpp::window_error(body),
-    }
-}
-
-/// The call that counts `req` exactly, or `None` when a field the payload needs does not
-/// parse (the estimate is used then).
-pub fn count_call(config: &Config, req: &Request, body: &[u8]) -> Option<Call> {
-    let t = &config.tokenizer;
-    if t.backend == Backend::VllmRender {
-        // Every dialect has its own render endpoint.
-        return render::count_call(req, body);
-    }
-    if req.form == Form::Messages {
-        // The backend's own Anthropic counter converts the request as `/v1/messages` does;
-        // it ignores the members it does not read (max_tokens, stream, ...).
-        return Some(post(
-            MESSAGES_COUNT_PATH,
-            body.to_vec(),
-            CallKind::InputTokens,
-        ));
-    }
-    match t.backend {
-        Backend::Vllm => vllm::count_call(t, req, body),
-        Backend::Sglang => sglang::count_call(t, req, body),
-        Backend::Llamacpp => llamacpp::count_call(t, req, body),
-        Backend::VllmRender => render::count_call(req, body),
-    }
-}
-
-/// The call that counts a conversation's tail alone (docs/spec.md §15): the messages after
-/// its counted prefix, `messages` (a JSON array of them), as a conversation of their own.
-/// Only vLLM's counters: the skip is vLLM's only.
-pub fn tail_call(config: &Config, req: &Request, body: &[u8], messages: &[u8]) -> Option<Call> {
-    match (config.tokenizer.backend, req.form) {
-        (Backend::Vllm, Form::Chat) => vllm::tail_call(&config.tokenizer, req, body, messages),
-        (Backend::Vllm, Form::Messages) => Some(post(
-            MESSAGES_COUNT_PATH,
-            crate::dialect::messages::tail_body(req, body, messages)?,
-            CallKind::InputTokens,
-        )),
-        _ => None,
-    }
-}
-
-/// The call that reports the window C, for a count that does not.
-pub fn window_call(config: &Config) -> Call {
-    match config.tokenizer.backend {
-        Backend::Vllm => vllm::window_call(),
-        Backend::Sglang => sglang::window_call(),
-        Backend::Llamacpp => llamacpp::window_call(),
-        Backend::VllmRender => render::window_call(),
-    }
-}
-
-/// Whether answers to this backend's count calls for `form` report the window.
-pub fn count_reports_window(config: &Config, form: Form) -> bool {
-    match config.tokenizer.backend {
-        Backend::Vllm => vllm::count_reports_window(form),
-        Backend::Sglang | Backend::Llamacpp | Backend::VllmRender => false,
     }
 }
 
@@ -145,6 +132,40 @@ fn get(path: &str, kind: CallKind) -> Call {
         body: None,
         kind,
     }
+}
+
+/// Anthropic's counter for a Messages request: the backend's own converts the request as
+/// `/v1/messages` does and ignores the members it does not read (max_tokens, stream, ...).
+fn messages_count(body: &[u8]) -> Call {
+    post(MESSAGES_COUNT_PATH, body.to_vec(), CallKind::InputTokens)
+}
+
+/// The window error in a server's error body (its JSON), by `backend`'s wording (docs/spec.md
+/// §13); `None` for any other error.
+pub fn window_error(backend: Backend, body: &Value) -> Option<WindowError> {
+    server(backend).window_error(body)
+}
+
+/// The call that counts `req` exactly, or `None` when a field the payload needs does not
+/// parse (the estimate is used then).
+pub fn count_call(config: &Config, req: &Request, body: &[u8]) -> Option<Call> {
+    server(config.tokenizer.backend).count_call(&config.tokenizer, req, body)
+}
+
+/// The call that counts a conversation's tail alone (docs/spec.md §15): the messages after
+/// its counted prefix, `messages` (a JSON array of them), as a conversation of their own.
+pub fn tail_call(config: &Config, req: &Request, body: &[u8], messages: &[u8]) -> Option<Call> {
+    server(config.tokenizer.backend).tail_call(&config.tokenizer, req, body, messages)
+}
+
+/// The call that reports the window C, for a count that does not.
+pub fn window_call(config: &Config) -> Call {
+    server(config.tokenizer.backend).window_call()
+}
+
+/// Whether answers to this backend's count calls for `form` report the window.
+pub fn count_reports_window(config: &Config, form: Form) -> bool {
+    server(config.tokenizer.backend).count_reports_window(form)
 }
 
 /// The headers of `call` to the tokenizer cluster; `length` is its body's length as text.
@@ -170,29 +191,16 @@ pub fn call_headers<'a>(
     headers
 }
 
-/// The HTTP status gate every answer passes first.
-fn status_ok(status: Option<u16>) -> Result<(), Failure> {
-    match status {
-        None => Err(Failure::Transport),
-        Some(504) => Err(Failure::Timeout),
-        Some(s) if !(200..300).contains(&s) => Err(Failure::Status),
-        Some(_) => Ok(()),
-    }
-}
+/// A JSON object.
+type Map = serde_json::Map<String, Value>;
 
 /// The answer as a JSON object.
-fn object(body: &[u8]) -> Result<serde_json::Map<String, Value>, Failure> {
+fn object(body: &[u8]) -> Result<Map, Failure> {
     match serde_json::from_slice::<Value>(body) {
         Ok(Value::Object(map)) => Ok(map),
         Ok(_) => Err(Failure::Contract),
         Err(_) => Err(Failure::BadJson),
     }
-}
-
-fn count_of(map: &serde_json::Map<String, Value>, key: &str) -> Result<u64, Failure> {
-    map.get(key)
-        .and_then(Value::as_u64)
-        .ok_or(Failure::Contract)
 }
 
 /// Reads the answer to a count call of `kind`.
@@ -202,24 +210,31 @@ pub fn parse_count(
     status: Option<u16>,
     body: &[u8],
 ) -> Result<Counted, Failure> {
-    match kind {
-        CallKind::Tokenize => match config.tokenizer.backend {
-            Backend::Vllm => vllm::parse_tokenize(config, status, body),
-            Backend::Sglang | Backend::Llamacpp | Backend::VllmRender => {
-                sglang::parse_tokenize(status, body)
-            }
-        },
-        CallKind::InputTokens => {
-            status_ok(status)?;
-            Ok(Counted {
-                count: count_of(&object(body)?, "input_tokens")?,
-                window: None,
-            })
+    let read: fn(&Config, &[u8]) -> Result<Counted, Failure> = match kind {
+        CallKind::Tokenize => {
+            |config, body| server(config.tokenizer.backend).parse_tokenize(config, body)
         }
-        CallKind::TokenList => llamacpp::parse_token_list(status, body),
-        CallKind::TokenIds => render::parse_token_ids(status, body),
-        CallKind::Models | CallKind::ModelWindow | CallKind::Props => Err(Failure::Contract),
-    }
+        CallKind::InputTokens => |_, body| input_tokens(body),
+        CallKind::TokenList => |_, body| llamacpp::parse_token_list(body),
+        CallKind::TokenIds => |_, body| render::parse_token_ids(body),
+        // A window call's answer holds no count.
+        CallKind::Models | CallKind::ModelWindow | CallKind::Props => {
+            return Err(Failure::Contract)
+        }
+    };
+    check_status(status)?;
+    read(config, body)
+}
+
+/// `{"input_tokens"}`.
+fn input_tokens(body: &[u8]) -> Result<Counted, Failure> {
+    Ok(Counted {
+        count: object(body)?
+            .get("input_tokens")
+            .and_then(Value::as_u64)
+            .ok_or(Failure::Contract)?,
+        window: None,
+    })
 }
 
 /// Reads the answer to a window call: the `max_model_len` of `model` in `/v1/models` (of the
@@ -231,31 +246,40 @@ pub fn parse_window(
     status: Option<u16>,
     body: &[u8],
 ) -> Result<u64, Failure> {
-    if kind == CallKind::ModelWindow {
-        return render::parse_models(model, status, body);
-    }
-    status_ok(status)?;
-    let map = object(body)?;
-    match kind {
-        CallKind::Models => {
-            let data = map
-                .get("data")
-                .and_then(Value::as_array)
-                .ok_or(Failure::Contract)?;
-            let named = data
-                .iter()
-                .find(|m| model.is_some() && m.get("id").and_then(Value::as_str) == model);
-            let entry = named.or(data.first()).ok_or(Failure::Contract)?;
-            positive(entry.get("max_model_len")).ok_or(Failure::Contract)
+    let read: fn(&Map, Option<&str>) -> Result<u64, Failure> = match kind {
+        CallKind::Models => models_window,
+        CallKind::ModelWindow => render::parse_models,
+        CallKind::Props => |map, _| llamacpp::parse_props(map),
+        // A count call's answer holds no window to read here.
+        CallKind::Tokenize | CallKind::InputTokens | CallKind::TokenList | CallKind::TokenIds => {
+            |_, _| Err(Failure::Contract)
         }
-        CallKind::Props => llamacpp::parse_props(&map),
-        _ => Err(Failure::Contract),
-    }
+    };
+    check_status(status)?;
+    read(&object(body)?, model)
+}
+
+/// `/v1/models`: the `max_model_len` of `model`, else of the first model.
+fn models_window(map: &Map, model: Option<&str>) -> Result<u64, Failure> {
+    let data = map
+        .get("data")
+        .and_then(Value::as_array)
+        .ok_or(Failure::Contract)?;
+    let named = data
+        .iter()
+        .find(|m| model.is_some() && m.get("id").and_then(Value::as_str) == model);
+    let entry = named.or(data.first()).ok_or(Failure::Contract)?;
+    positive(entry.get("max_model_len")).ok_or(Failure::Contract)
 }
 
 /// A positive integer member.
 fn positive(v: Option<&Value>) -> Option<u64> {
     v.and_then(Value::as_u64).filter(|c| *c > 0)
+}
+
+/// The `i`-th number a wording captured.
+fn num(captures: &[Capture], i: usize) -> Option<u64> {
+    captures.get(i).map(|c| c.value)
 }
 
 #[cfg(test)]

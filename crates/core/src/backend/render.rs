@@ -4,9 +4,11 @@
 //! (`max_tokens: 1` where the API requires one); the count is the number of `token_ids`. The
 //! window comes from `GET /v1/models`, and only from the request's own model there.
 
-use super::{get, object, post, status_ok, Call, CallKind, Counted, MODELS_PATH};
+use super::{get, positive, post, Call, CallKind, Counted, Map, Server, MODELS_PATH};
+use crate::config::TokenizerConfig;
 use crate::dialect::{responses, Form};
 use crate::request::Request;
+use crate::response::window::{message, WindowError};
 use crate::tokenize::Failure;
 use serde_json::Value;
 
@@ -15,20 +17,29 @@ pub const COMPLETIONS_RENDER_PATH: &str = "/v1/completions/render";
 pub const MESSAGES_RENDER_PATH: &str = "/v1/messages/render";
 pub use super::vllm::RESPONSES_RENDER_PATH;
 
-/// The render call for any dialect.
-pub(super) fn count_call(req: &Request, body: &[u8]) -> Option<Call> {
-    let (path, payload) = match req.form {
-        Form::Chat => (CHAT_RENDER_PATH, without_caps(req, body, false)?),
-        Form::Completion => (COMPLETIONS_RENDER_PATH, without_caps(req, body, false)?),
-        // Anthropic's schema requires `max_tokens`: one token, which any window holds.
-        Form::Messages => (MESSAGES_RENDER_PATH, without_caps(req, body, true)?),
-        Form::Responses => (RESPONSES_RENDER_PATH, responses::payload(req, body)?),
-    };
-    Some(post(path, payload, CallKind::TokenIds))
-}
+pub(super) struct Render;
 
-pub(super) fn window_call() -> Call {
-    get(MODELS_PATH, CallKind::ModelWindow)
+impl Server for Render {
+    /// The render call for any dialect.
+    fn count_call(&self, _t: &TokenizerConfig, req: &Request, body: &[u8]) -> Option<Call> {
+        let (path, payload) = match req.form {
+            Form::Chat => (CHAT_RENDER_PATH, without_caps(req, body, false)?),
+            Form::Completion => (COMPLETIONS_RENDER_PATH, without_caps(req, body, false)?),
+            // Anthropic's schema requires `max_tokens`: one token, which any window holds.
+            Form::Messages => (MESSAGES_RENDER_PATH, without_caps(req, body, true)?),
+            Form::Responses => (RESPONSES_RENDER_PATH, responses::payload(req, body)?),
+        };
+        Some(post(path, payload, CallKind::TokenIds))
+    }
+
+    fn window_call(&self) -> Call {
+        get(MODELS_PATH, CallKind::ModelWindow)
+    }
+
+    /// vLLM's wordings: the render server is vLLM.
+    fn window_error(&self, body: &Value) -> Option<WindowError> {
+        super::vllm::window_error(message(body)?)
+    }
 }
 
 /// The request as it stands less its caps, `stream` and `stream_options` (a render of a cap
@@ -58,14 +69,17 @@ fn without_caps(req: &Request, body: &[u8], one_token: bool) -> Option<Vec<u8>> 
 
 /// A render answer: `{"token_ids": [...]}` (chat, Anthropic, Responses) or a list of one
 /// such object (completions, one per prompt; the filter counts a single prompt).
-pub(super) fn parse_token_ids(status: Option<u16>, body: &[u8]) -> Result<Counted, Failure> {
-    status_ok(status)?;
+pub(super) fn parse_token_ids(body: &[u8]) -> Result<Counted, Failure> {
     let value: Value = serde_json::from_slice(body).map_err(|_| Failure::BadJson)?;
     let rendered = match &value {
-        Value::Array(items) if items.len() == 1 => &items[0],
-        Value::Object(_) => &value,
-        _ => return Err(Failure::Contract),
-    };
+        Value::Object(_) => Some(&value),
+        Value::Array(items) => match items.as_slice() {
+            [one] => Some(one),
+            _ => None,
+        },
+        _ => None,
+    }
+    .ok_or(Failure::Contract)?;
     let ids = rendered
         .get("token_ids")
         .and_then(Value::as_array)
@@ -79,22 +93,16 @@ pub(super) fn parse_token_ids(status: Option<u16>, body: &[u8]) -> Result<Counte
 /// The `max_model_len` of `model` in `/v1/models`. A render server that does not list the
 /// request's model renders for another one: its window is not this model's (a contract
 /// failure, so the estimate is used).
-pub(super) fn parse_models(
-    model: Option<&str>,
-    status: Option<u16>,
-    body: &[u8],
-) -> Result<u64, Failure> {
-    status_ok(status)?;
-    let map = object(body)?;
+pub(super) fn parse_models(map: &Map, model: Option<&str>) -> Result<u64, Failure> {
     let model = model.ok_or(Failure::Contract)?;
-    map.get("data")
-        .and_then(Value::as_array)
-        .and_then(|data| {
-            data.iter()
-                .find(|m| m.get("id").and_then(Value::as_str) == Some(model))
-        })
-        .and_then(|m| m.get("max_model_len"))
-        .and_then(Value::as_u64)
-        .filter(|c| *c > 0)
-        .ok_or(Failure::Contract)
+    positive(
+        map.get("data")
+            .and_then(Value::as_array)
+            .and_then(|data| {
+                data.iter()
+                    .find(|m| m.get("id").and_then(Value::as_str) == Some(model))
+            })
+            .and_then(|m| m.get("max_model_len")),
+    )
+    .ok_or(Failure::Contract)
 }

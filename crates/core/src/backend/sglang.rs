@@ -1,38 +1,32 @@
 //! SGLang: `/tokenize` renders a chat from the members it reads (sent alone) and a prompt
 //! as vLLM's does; the window comes from `/v1/models`.
 
-use super::{get, post, Call, CallKind, Counted, MODELS_PATH};
+use super::{messages_count, num, post, Call, CallKind, Server};
 use crate::config::TokenizerConfig;
 use crate::dialect::payload;
 use crate::dialect::Form;
 use crate::request::Request;
-use crate::response::window::{first_match, Piece::*, WindowError, Wording};
-use crate::tokenize::Failure;
+use crate::response::window::{first_match, message, Piece::*, WindowError, Wording};
+use serde_json::Value;
 
-/// The count call for an OpenAI dialect.
-pub(super) fn count_call(t: &TokenizerConfig, req: &Request, body: &[u8]) -> Option<Call> {
-    match req.form {
-        Form::Chat => Some(post(&t.path, sglang_chat(req, body)?, CallKind::Tokenize)),
-        Form::Completion => Some(post(&t.path, payload(req, body)?, CallKind::Tokenize)),
-        // Counted by Anthropic's counter, shared by every backend.
-        Form::Messages => None,
-        // SGLang has no renderer of a Responses request: the estimate.
-        Form::Responses => None,
+pub(super) struct Sglang;
+
+/// `/tokenize` answers are read by the provided `parse_tokenize`: the `max_model_len` there is
+/// the tokenizer's limit, not the server's window.
+impl Server for Sglang {
+    fn count_call(&self, t: &TokenizerConfig, req: &Request, body: &[u8]) -> Option<Call> {
+        match req.form {
+            Form::Chat => Some(post(&t.path, sglang_chat(req, body)?, CallKind::Tokenize)),
+            Form::Completion => Some(post(&t.path, payload(req, body)?, CallKind::Tokenize)),
+            Form::Messages => Some(messages_count(body)),
+            // SGLang has no renderer of a Responses request: the estimate.
+            Form::Responses => None,
+        }
     }
-}
 
-pub(super) fn window_call() -> Call {
-    get(MODELS_PATH, CallKind::Models)
-}
-
-/// `{"count", ...}`: the `max_model_len` there is the tokenizer's limit, not the server's
-/// window, so it is not read.
-pub(super) fn parse_tokenize(status: Option<u16>, body: &[u8]) -> Result<Counted, Failure> {
-    let reply = crate::tokenize::parse_reply(status, body, None)?;
-    Ok(Counted {
-        count: reply.count,
-        window: None,
-    })
+    fn window_error(&self, body: &Value) -> Option<WindowError> {
+        window_error(message(body)?)
+    }
 }
 
 /// SGLang's `/tokenize` for a chat: it renders `messages` with `tools` (left out when
@@ -86,8 +80,8 @@ const WORDINGS: &[Wording] = &[
             Text(" tokens)."),
         ],
         |c| WindowError {
-            context: Some(c[1].value),
-            prompt: Some(c[0].value),
+            context: num(c, 1),
+            prompt: num(c, 0),
             prompt_exact: true,
             prompt_exceeds: true,
             ..WindowError::default()
@@ -106,10 +100,10 @@ const WORDINGS: &[Wording] = &[
             Text(" tokens for the completion."),
         ],
         |c| WindowError {
-            context: Some(c[0].value),
-            prompt: Some(c[2].value),
+            context: num(c, 0),
+            prompt: num(c, 2),
             prompt_exact: true,
-            cap: Some(c[3].value),
+            cap: num(c, 3),
             ..WindowError::default()
         },
     ),
@@ -122,8 +116,8 @@ const WORDINGS: &[Wording] = &[
             Text(" completion tokens."),
         ],
         |c| WindowError {
-            context: Some(c[1].value),
-            cap: Some(c[0].value),
+            context: num(c, 1),
+            cap: num(c, 0),
             ..WindowError::default()
         },
     ),

@@ -3,64 +3,75 @@
 //! with `--enable-scale-out`; 403 otherwise, a counted failure); `/v1/models` reports
 //! `max_model_len` for the counts that do not.
 
-use super::{get, post, Call, CallKind, Counted, MODELS_PATH};
+use super::{messages_count, num, post, Call, CallKind, Counted, Server, MESSAGES_COUNT_PATH};
 use crate::config::{Config, TokenizerConfig};
-use crate::dialect::{payload, responses, Form};
+use crate::dialect::{chat, payload, responses, Form};
 use crate::request::Request;
-use crate::response::window::{first_match, Capture, Piece::*, WindowError, Wording};
-use crate::tokenize::{check_context, Failure};
+use crate::response::window::{first_match, message, Capture, Piece::*, WindowError, Wording};
+use crate::tokenize::{check_context, parse_reply, Failure};
+use serde_json::Value;
 
 /// vLLM's renderer of a Responses request: the prompt's `token_ids`.
 pub const RESPONSES_RENDER_PATH: &str = "/v1/responses/render";
 
-/// The count call for an OpenAI dialect.
-pub(super) fn count_call(t: &TokenizerConfig, req: &Request, body: &[u8]) -> Option<Call> {
-    match req.form {
-        Form::Responses => Some(post(
-            RESPONSES_RENDER_PATH,
-            responses::payload(req, body)?,
-            CallKind::TokenIds,
-        )),
-        _ => Some(post(&t.path, payload(req, body)?, CallKind::Tokenize)),
+pub(super) struct Vllm;
+
+impl Server for Vllm {
+    fn count_call(&self, t: &TokenizerConfig, req: &Request, body: &[u8]) -> Option<Call> {
+        match req.form {
+            Form::Chat | Form::Completion => {
+                Some(post(&t.path, payload(req, body)?, CallKind::Tokenize))
+            }
+            Form::Messages => Some(messages_count(body)),
+            Form::Responses => Some(post(
+                RESPONSES_RENDER_PATH,
+                responses::payload(req, body)?,
+                CallKind::TokenIds,
+            )),
+        }
     }
-}
 
-/// The count of a chat conversation's tail alone: `/tokenize` of those messages.
-pub(super) fn tail_call(
-    t: &TokenizerConfig,
-    req: &Request,
-    body: &[u8],
-    messages: &[u8],
-) -> Option<Call> {
-    let messages = std::str::from_utf8(messages).ok()?;
-    Some(post(
-        &t.path,
-        crate::dialect::chat::tail_payload(req, body, messages)?,
-        CallKind::Tokenize,
-    ))
-}
+    /// A chat's tail: `/tokenize` of those messages; an Anthropic conversation's: its counter.
+    fn tail_call(
+        &self,
+        t: &TokenizerConfig,
+        req: &Request,
+        body: &[u8],
+        messages: &[u8],
+    ) -> Option<Call> {
+        match req.form {
+            Form::Chat => Some(post(
+                &t.path,
+                chat::tail_payload(req, body, std::str::from_utf8(messages).ok()?)?,
+                CallKind::Tokenize,
+            )),
+            Form::Messages => Some(post(
+                MESSAGES_COUNT_PATH,
+                crate::dialect::messages::tail_body(req, body, messages)?,
+                CallKind::InputTokens,
+            )),
+            Form::Completion | Form::Responses => None,
+        }
+    }
 
-pub(super) fn window_call() -> Call {
-    get(MODELS_PATH, CallKind::Models)
-}
+    /// `/tokenize` answers carry `max_model_len`; Anthropic's counter and the renderer do not.
+    fn count_reports_window(&self, form: Form) -> bool {
+        matches!(form, Form::Chat | Form::Completion)
+    }
 
-/// `/tokenize` answers carry `max_model_len`; Anthropic's counter and the renderer do not.
-pub(super) fn count_reports_window(form: Form) -> bool {
-    matches!(form, Form::Chat | Form::Completion)
-}
+    /// `{"count", "max_model_len"}`: the count and the server's window.
+    fn parse_tokenize(&self, config: &Config, body: &[u8]) -> Result<Counted, Failure> {
+        let reply = parse_reply(body)?;
+        check_context(reply.max_model_len, config.context_length)?;
+        Ok(Counted {
+            count: reply.count,
+            window: Some(reply.max_model_len),
+        })
+    }
 
-/// `{"count", "max_model_len"}`: the count and the server's window.
-pub(super) fn parse_tokenize(
-    config: &Config,
-    status: Option<u16>,
-    body: &[u8],
-) -> Result<Counted, Failure> {
-    let reply = crate::tokenize::parse_reply(status, body, None)?;
-    check_context(reply.max_model_len, config.context_length)?;
-    Ok(Counted {
-        count: reply.count,
-        window: Some(reply.max_model_len),
-    })
+    fn window_error(&self, body: &Value) -> Option<WindowError> {
+        window_error(message(body)?)
+    }
 }
 
 // Window errors (docs/spec.md §13), as vLLM 0.32, 0.31 and 0.11 word them: their `message`, on
@@ -69,12 +80,13 @@ pub(super) fn parse_tokenize(
 const MAX_MODEL_LEN: &str = "This model's maximum context length is ";
 const CAPS: &[&str] = &["max_tokens", "max_completion_tokens", "max_output_tokens"];
 
-/// The window and the prompt's size, exact unless vLLM wrote "at least".
-fn window_and_prompt(window: Capture, prompt: Capture) -> WindowError {
+/// The window (capture `window`) and the prompt's size (capture `prompt`), exact unless vLLM
+/// wrote "at least".
+fn window_and_prompt(c: &[Capture], window: usize, prompt: usize) -> WindowError {
     WindowError {
-        context: Some(window.value),
-        prompt: Some(prompt.value),
-        prompt_exact: !prompt.at_least,
+        context: num(c, window),
+        prompt: num(c, prompt),
+        prompt_exact: c.get(prompt).is_some_and(|p| !p.at_least),
         ..WindowError::default()
     }
 }
@@ -92,7 +104,7 @@ const WORDINGS: &[Wording] = &[
         ],
         |c| WindowError {
             prompt_exceeds: true,
-            ..window_and_prompt(c[0], c[1])
+            ..window_and_prompt(c, 0, 1)
         },
     ),
     // 0.32: the prompt text has more characters than the window's tokens could cover.
@@ -109,8 +121,8 @@ const WORDINGS: &[Wording] = &[
             Text(" input tokens)."),
         ],
         |c| WindowError {
-            context: Some(c[0].value),
-            prompt: Some(c[3].value.saturating_add(1)),
+            context: num(c, 0),
+            prompt: num(c, 3).map(|p| p.saturating_add(1)),
             prompt_exact: false,
             prompt_exceeds: true,
             ..WindowError::default()
@@ -127,8 +139,8 @@ const WORDINGS: &[Wording] = &[
             Text(". Please request fewer output tokens."),
         ],
         |c| WindowError {
-            context: Some(c[2].value),
-            cap: Some(c[1].value),
+            context: num(c, 2),
+            cap: num(c, 1),
             ..WindowError::default()
         },
     ),
@@ -148,12 +160,12 @@ const WORDINGS: &[Wording] = &[
             Text(" input tokens)."),
         ],
         |c| WindowError {
-            context: Some(c[0].value),
-            prompt: Some(c[4].value.saturating_add(1)),
+            context: num(c, 0),
+            prompt: num(c, 4).map(|p| p.saturating_add(1)),
             prompt_exact: false,
             // No output requested (a counter): the prompt alone is too long.
-            prompt_exceeds: c[1].value == 0,
-            cap: Some(c[1].value),
+            prompt_exceeds: num(c, 1) == Some(0),
+            cap: num(c, 1),
             ..WindowError::default()
         },
     ),
@@ -171,9 +183,9 @@ const WORDINGS: &[Wording] = &[
             Text(" tokens. Please reduce the length of the input prompt or the number of requested output tokens."),
         ],
         |c| WindowError {
-            prompt_exceeds: c[1].value == 0,
-            cap: Some(c[1].value),
-            ..window_and_prompt(c[0], c[2])
+            prompt_exceeds: num(c, 1) == Some(0),
+            cap: num(c, 1),
+            ..window_and_prompt(c, 0, 2)
         },
     ),
     // 0.32: the engine's own check of the prompt.
@@ -186,8 +198,8 @@ const WORDINGS: &[Wording] = &[
             Text(")."),
         ],
         |c| WindowError {
-            context: Some(c[1].value),
-            prompt: Some(c[0].value),
+            context: num(c, 1),
+            prompt: num(c, 0),
             prompt_exact: true,
             prompt_exceeds: true,
             ..WindowError::default()
@@ -212,10 +224,10 @@ const WORDINGS: &[Wording] = &[
             Text(")."),
         ],
         |c| WindowError {
-            context: Some(c[1].value),
-            prompt: Some(c[2].value),
+            context: num(c, 1),
+            prompt: num(c, 2),
             prompt_exact: true,
-            cap: Some(c[0].value),
+            cap: num(c, 0),
             ..WindowError::default()
         },
     ),
@@ -230,8 +242,8 @@ const WORDINGS: &[Wording] = &[
             Text(" input tokens. Please reduce the length of the input messages."),
         ],
         |c| WindowError {
-            limit: Some(c[0].value),
-            prompt: Some(c[1].value),
+            limit: num(c, 0),
+            prompt: num(c, 1),
             prompt_exact: true,
             ..WindowError::default()
         },

@@ -3,6 +3,13 @@
 //! Usage: `incontext-check-config FILE...` (or `-` for standard input). Each file holds the
 //! configuration JSON. Exit 0 when all are valid; 1 with one line per invalid file.
 
+#![deny(
+    clippy::indexing_slicing,
+    clippy::unreachable,
+    clippy::todo,
+    clippy::unimplemented
+)]
+
 use incontext_core::config::Config;
 use std::io::Read;
 use std::process::ExitCode;

@@ -33,8 +33,9 @@ pub fn counting(body: &[u8], members: &[Member], f: &Fields, config: &Config) ->
         return Counting::Estimate;
     }
     let tools = raw_bytes(body, members, f.tools).unwrap_or(b"null");
-    let has_tools =
-        tools.starts_with(b"[") && tools[1..].iter().find(|b| !is_ws(**b)) != Some(&b']');
+    let has_tools = tools
+        .strip_prefix(b"[")
+        .is_some_and(|items| items.iter().find(|b| !is_ws(**b)) != Some(&b']'));
     if has_tools {
         let choice = raw(body, members, f.tool_choice);
         let auto = is_null(choice)

@@ -27,7 +27,7 @@ pub fn counting(body: &[u8], members: &[Member], f: &Fields) -> Result<Counting,
             .ok()
             .map(|ids| ids.len() as u64)
     };
-    match items.first().map(|i| i.get().as_bytes()[0]) {
+    match items.first().and_then(|i| i.get().as_bytes().first()) {
         // A single list of token ids.
         Some(b'0'..=b'9') => serde_json::from_str::<Vec<u64>>(prompt)
             .map(|v| Counting::Exact(v.len() as u64))

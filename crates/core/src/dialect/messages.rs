@@ -92,10 +92,14 @@ pub fn thinking_budget(
     if lowered < MIN_THINKING_BUDGET {
         return Err(Reason::ThinkingBudget);
     }
+    let (Some(before), Some(after)) = (raw.get(..budget.value.start), raw.get(budget.value.end..))
+    else {
+        return Ok(None);
+    };
     let mut new = Vec::with_capacity(raw.len());
-    new.extend_from_slice(&raw[..budget.value.start]);
+    new.extend_from_slice(before);
     new.extend_from_slice(lowered.to_string().as_bytes());
-    new.extend_from_slice(&raw[budget.value.end..]);
+    new.extend_from_slice(after);
     Ok(Some((idx, new)))
 }
 

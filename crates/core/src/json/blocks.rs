@@ -29,7 +29,9 @@ pub fn classify(block: &[u8]) -> Masks {
         Some(full) => classify_block(full),
         None => {
             let mut padded = [b' '; BLOCK];
-            padded[..block.len()].copy_from_slice(block);
+            for (p, b) in padded.iter_mut().zip(block) {
+                *p = *b;
+            }
             classify_block(&padded)
         }
     }

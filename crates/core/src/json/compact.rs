@@ -158,17 +158,20 @@ fn normalise_until(raw: &str, from: usize, min_end: usize, out: &mut Vec<u8>) ->
     let mut i = from;
     let mut run = from; // start of the bytes not yet copied
                         // At the top of the loop `i` is never inside a string.
-    while i < bytes.len() && i < min_end {
-        match bytes[i] {
+    while i < min_end {
+        let Some(&b) = bytes.get(i) else {
+            break;
+        };
+        match b {
             b' ' | b'\t' | b'\n' | b'\r' => {
-                out.extend_from_slice(&bytes[run..i]);
+                out.extend_from_slice(bytes.get(run..i)?);
                 i += 1;
                 run = i;
             }
             b'"' => {
                 let (end, normalise) = string_end(bytes, i)?;
                 if normalise {
-                    out.extend_from_slice(&bytes[run..i]);
+                    out.extend_from_slice(bytes.get(run..i)?);
                     write_string(raw.get(i..end)?, out)?;
                     run = end;
                 }
@@ -177,7 +180,7 @@ fn normalise_until(raw: &str, from: usize, min_end: usize, out: &mut Vec<u8>) ->
             _ => i += 1,
         }
     }
-    out.extend_from_slice(&bytes[run..i]);
+    out.extend_from_slice(bytes.get(run..i)?);
     Some(i)
 }
 
@@ -186,8 +189,8 @@ fn normalise_until(raw: &str, from: usize, min_end: usize, out: &mut Vec<u8>) ->
 fn string_end(bytes: &[u8], start: usize) -> Option<(usize, bool)> {
     let mut normalise = false;
     let mut i = start + 1;
-    while i < bytes.len() {
-        match bytes[i] {
+    while let Some(&b) = bytes.get(i) {
+        match b {
             b'\\' => {
                 normalise |= matches!(bytes.get(i + 1), Some(b'u' | b'/'));
                 i += 2;
@@ -212,7 +215,7 @@ pub fn write_string(token: &str, out: &mut Vec<u8>) -> Option<()> {
     let mut i = 0;
     while let Some(at) = inner.get(i..)?.iter().position(|&b| b == b'\\') {
         i += at;
-        out.extend_from_slice(&inner[run..i]);
+        out.extend_from_slice(inner.get(run..i)?);
         match inner.get(i + 1)? {
             b'u' => {
                 let (c, used) = unicode_escape(inner, i)?;
@@ -231,7 +234,7 @@ pub fn write_string(token: &str, out: &mut Vec<u8>) -> Option<()> {
         }
         run = i;
     }
-    out.extend_from_slice(&inner[run..]);
+    out.extend_from_slice(inner.get(run..)?);
     out.push(b'"');
     Some(())
 }
@@ -262,7 +265,6 @@ fn unicode_escape(text: &[u8], i: usize) -> Option<(char, usize)> {
 
 /// One decoded character as serde_json writes it inside a string.
 fn write_char(c: char, out: &mut Vec<u8>) {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
     match c {
         '"' => out.extend_from_slice(b"\\\""),
         '\\' => out.extend_from_slice(b"\\\\"),
@@ -272,8 +274,9 @@ fn write_char(c: char, out: &mut Vec<u8>) {
         '\r' => out.extend_from_slice(b"\\r"),
         '\t' => out.extend_from_slice(b"\\t"),
         c if (c as u32) < 0x20 => {
-            let b = c as usize;
-            out.extend_from_slice(&[b'\\', b'u', b'0', b'0', HEX[b >> 4], HEX[b & 15]]);
+            let hex = |d: u8| if d < 10 { b'0' + d } else { b'a' + d - 10 };
+            let b = c as u8;
+            out.extend_from_slice(&[b'\\', b'u', b'0', b'0', hex(b >> 4), hex(b & 15)]);
         }
         c => {
             let mut utf8 = [0u8; 4];

@@ -42,7 +42,7 @@ pub fn is_ws(b: u8) -> bool {
 }
 
 pub fn skip_ws(body: &[u8], mut i: usize) -> usize {
-    while i < body.len() && is_ws(body[i]) {
+    while body.get(i).is_some_and(|b| is_ws(*b)) {
         i += 1;
     }
     i
@@ -125,7 +125,7 @@ fn members(body: &[u8], open: usize, skim: &impl Fn(&str) -> bool) -> Parse<Memb
         }
         let key_start = i;
         let (key_end, escaped) = skip_string(body, i + 1)?;
-        let key = decode_key(&body[key_start..key_end], escaped)?;
+        let key = decode_key(body.get(key_start..key_end).ok_or(Invalid)?, escaped)?;
         i = skip_ws(body, key_end);
         if body.get(i) != Some(&b':') {
             return Err(Invalid);
@@ -166,7 +166,9 @@ fn decode_key(quoted: &[u8], escaped: bool) -> Parse<String> {
         let text = std::str::from_utf8(quoted).map_err(|_| Invalid)?;
         serde_json::from_str::<String>(text).map_err(|_| Invalid)
     } else {
-        let inner = &quoted[1..quoted.len() - 1];
+        let inner = quoted
+            .get(1..quoted.len().saturating_sub(1))
+            .ok_or(Invalid)?;
         std::str::from_utf8(inner)
             .map(str::to_owned)
             .map_err(|_| Invalid)
@@ -312,7 +314,8 @@ fn skip_string(body: &[u8], start: usize) -> Parse<(usize, bool)> {
             Some(_) | None => return Err(Invalid), // a control character, or the end
         }
     }
-    if high && std::str::from_utf8(&body[start..i]).is_err() {
+    // `start..i` lies in `body` (`i` only moved forward from `start`, over bytes of `body`).
+    if high && std::str::from_utf8(body.get(start..i).unwrap_or_default()).is_err() {
         return Err(Invalid);
     }
     Ok((i + 1, escaped))
@@ -416,7 +419,7 @@ mod simd {
             let mask = u8x16_bitmask(special);
             if mask != 0 {
                 let n = mask.trailing_zeros() as usize;
-                let before = u8x16_bitmask(seen) != 0 || chunk[..n].iter().any(|&b| b >= 0x80);
+                let before = u8x16_bitmask(seen) != 0 || chunk.iter().take(n).any(|&b| b >= 0x80);
                 return (i + n, before);
             }
             seen = v128_or(seen, v);

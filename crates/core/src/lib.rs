@@ -23,7 +23,6 @@ pub mod caps;
 pub mod config;
 pub mod dialect;
 pub mod estimate;
-#[allow(clippy::indexing_slicing, clippy::unreachable)]
 pub mod flow;
 pub mod json;
 pub mod plan;

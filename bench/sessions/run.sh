@@ -17,7 +17,8 @@
 #
 # ARGS of concurrent and fleet (see their --help): --sessions N --turns N --dialects LIST
 #   --filter-config JSON (merged into the plugin configuration; default: envoy/envoy.yaml's with
-#   context_length 40960) --smoke (a short run, under 3 minutes) --out FILE.md (and .jsonl).
+#   context_length 40960, so skip_count is the filter's default) --smoke (a short run: about a
+#   minute once vLLM runs) --out FILE.md (and .jsonl).
 #
 # Environment of the four-way replay: SESSIONS_TURNS [30]  SESSIONS_PER_DIALECT [2]
 #   SESSIONS_DIALECTS ["openai,anthropic"]  SESSIONS_OUT [bench/sessions/results.md]

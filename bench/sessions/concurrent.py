@@ -77,7 +77,8 @@ def one_round(args, dialect, api, name, port, bodies, turn):
         row = {"kind": "request", "dialect": dialect, "session": args.seed + s, "turn": turn,
                "path": name, "P": p, "ttft": ttft}
         if name == "filter":
-            row["ok"] = run.filter_cap(headers, run.B) == want
+            row["ok"] = run.outcome_ok(headers, want)
+            row["action"] = headers.get("x-incontext-action")
             row["source"] = headers.get("x-incontext-source")
         rows.append(row)
     calls = proxies.on_path_calls(before, after) if name == "filter" else 0

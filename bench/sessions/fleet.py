@@ -76,7 +76,8 @@ def replay(args, dialect, index, seed):
                 f"skipped_{name}": after.get("incontext_count_skipped", 0)
                 - before.get("incontext_count_skipped", 0),
                 f"source_{name}": headers.get("x-incontext-source"),
-                f"ok_{name}": run.filter_cap(headers, run.B) == want})
+                f"action_{name}": headers.get("x-incontext-action"),
+                f"ok_{name}": run.outcome_ok(headers, want)})
         print(json.dumps(row), flush=True)
         rows.append(row)
     return rows

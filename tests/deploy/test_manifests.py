@@ -860,6 +860,13 @@ def test_documents_are_well_formed():
 # own session headers where the gateway takes several keys, else on the client's address.
 
 
+def problems_of_broken(docs, breaker, problems) -> list[str]:
+    """`problems` of copies of `docs` that `breaker` changed."""
+    broken = copy.deepcopy(docs)
+    breaker(*broken)
+    return problems(*broken)
+
+
 def strategic_merge(dst: dict, patch: dict) -> None:
     """A strategic merge patch without list directives: maps merge, anything else replaces."""
     for k, v in patch.items():
@@ -991,10 +998,8 @@ EG_HASH_BREAKAGES = [
 
 @pytest.mark.parametrize("what,breaker", EG_HASH_BREAKAGES, ids=[w for w, _ in EG_HASH_BREAKAGES])
 def test_envoy_gateway_broken_session_hash_is_rejected(what, breaker):
-    btp = copy.deepcopy(named("BackendTrafficPolicy", "incontext-hold-request"))
-    route = copy.deepcopy(named("HTTPRoute", "vllm"))
-    breaker(btp, route)
-    assert eg_backend_hash_problems(btp, route), f"'{what}' was not caught"
+    docs = (named("BackendTrafficPolicy", "incontext-hold-request"), named("HTTPRoute", "vllm"))
+    assert problems_of_broken(docs, breaker, eg_backend_hash_problems), f"'{what}' was not caught"
 
 
 def istio_replica_problems(wasmplugin: dict, svc: dict, dr: dict, virtualservice: dict) -> list[str]:
@@ -1043,9 +1048,8 @@ ISTIO_REPLICA_BREAKAGES = [
 
 @pytest.mark.parametrize("what,breaker", ISTIO_REPLICA_BREAKAGES, ids=[w for w, _ in ISTIO_REPLICA_BREAKAGES])
 def test_istio_broken_replica_affinity_is_rejected(what, breaker):
-    docs = copy.deepcopy(istio_replica_set())
-    breaker(*docs)
-    assert istio_replica_problems(*docs), f"'{what}' was not caught"
+    assert problems_of_broken(istio_replica_set(), breaker, istio_replica_problems), \
+        f"'{what}' was not caught"
 
 
 # --------------------------------------------------------------------------------------------

@@ -3,8 +3,8 @@
 
     render.py OUTDIR WASM VLLM_PORT COUNT_PORT SKIP_PORT ENVOY_PORT ADMIN_BASE CONTEXT_LENGTH
 
-count.yaml  envoy/envoy.yaml with the bench's addresses, the `vllm` cluster pointed at vLLM
-            and `context_length`; admin on ADMIN_BASE.
+count.yaml  envoy/envoy.yaml with the bench's addresses, the `vllm` cluster pointed at vLLM,
+            `context_length` and `skip_count: false` (every turn counted); admin on ADMIN_BASE.
 skip.yaml   the same with `skip_count: true`; admin on ADMIN_BASE+1.
 envoy.yaml  the same Envoy without the filter (buffer filter and router kept); admin on
             ADMIN_BASE+2.
@@ -27,7 +27,7 @@ def main():
     with open(shipped_path, encoding="utf-8") as f:
         shipped = yaml.safe_load(f)
     for name, port, adm, extra in (
-            ("count", count, admin, {"context_length": context}),
+            ("count", count, admin, {"context_length": context, "skip_count": False}),
             ("skip", skip, admin + 1, {"context_length": context, "skip_count": True})):
         cfg = proxy(shipped, wasm, port, adm, vllm, extra, True)
         with open(f"{outdir}/{name}.yaml", "w", encoding="utf-8") as f:

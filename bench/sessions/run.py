@@ -36,6 +36,8 @@ W = 40960
 B = 16000
 R = 4096
 CLK = os.sysconf("SC_CLK_TCK")
+DIALECTS = {"openai": "OpenAI chat with tools",
+            "anthropic": "Anthropic Messages, tool_use / tool_result"}
 
 
 def cpu_s(pid):
@@ -156,6 +158,17 @@ def filter_cap(headers, cap):
     raise RuntimeError(f"unexpected x-incontext-action {action!r}")
 
 
+def outcome_ok(headers, want):
+    """Whether the filter reached the outcome the exact count leads to (`want`: that cap, None:
+    unchanged for lack of room): the same cap, or a cap written from a bound, which is never
+    above the exact one and at most 64 below it (docs/spec.md §15a)."""
+    got = filter_cap(headers, B)
+    if (headers.get("x-incontext-action"), headers.get("x-incontext-source")) == ("rewritten",
+                                                                                  "bound"):
+        return want is not None and want - 64 <= got <= want
+    return got == want
+
+
 def stats(admin):
     conn = http.client.HTTPConnection("127.0.0.1", admin, timeout=10)
     conn.request("GET", "/stats?filter=incontext")
@@ -179,11 +192,32 @@ def prometheus_histogram(admin):
             and not line.startswith("#")]
 
 
-def replay(args, dialect, pid, seed):
+def conversations(dialect, names, tag, turns, seed):
+    """The API path of `dialect` and one conversation (its request bodies) per name, each its
+    own (its own prefix-cache entries on the server)."""
     path = "/v1/chat/completions" if dialect == "openai" else "/v1/messages"
     make = sessions.openai_session if dialect == "openai" else sessions.anthropic_session
-    convs = {name: make(MODEL, f"{name}-{dialect}-{seed}-{args.run_id}", args.turns, seed, B)
-             for name in ("direct", "envoy", "count", "skip")}
+    return path, {name: make(MODEL, f"{name}-{dialect}-{seed}-{tag}", turns, seed, B)
+                  for name in names}
+
+
+def planned(port, dialect, body, capped):
+    """(body to send, P, ms of the server's count, the cap the exact count leads to): vLLM's own
+    count of the turn, asked before it is sent; `capped`: send that cap (a path without the
+    filter) instead of the caller's."""
+    p, count_ms = exact_count(port, dialect, body)
+    want = expected_cap(p, B)
+    if want is None:
+        raise RuntimeError(f"no room for R ({p} tokens); shorten the session")
+    sent = dict(body)
+    if capped:
+        sent["max_tokens"] = want
+    return sent, p, count_ms, want
+
+
+def replay(args, dialect, pid, seed):
+    path, convs = conversations(dialect, ("direct", "envoy", "count", "skip"), args.run_id,
+                                args.turns, seed)
     ports = {"direct": args.vllm_port, "envoy": args.envoy_port, "count": args.count_port,
              "skip": args.skip_port}
     order = ["direct", "envoy", "count", "skip"]
@@ -191,14 +225,8 @@ def replay(args, dialect, pid, seed):
     for t in range(args.turns):
         row = {"dialect": dialect, "session": seed, "turn": t + 1}
         for name in order[t % 4:] + order[:t % 4]:
-            body = convs[name][t]
-            p, count_ms = exact_count(args.vllm_port, dialect, body)
-            want = expected_cap(p, B)
-            if want is None:
-                raise RuntimeError(f"turn {t + 1}: no room for R ({p} tokens); shorten the session")
-            sent = dict(body)
-            if name in ("direct", "envoy"):
-                sent["max_tokens"] = want
+            sent, p, count_ms, want = planned(args.vllm_port, dialect, convs[name][t],
+                                              name in ("direct", "envoy"))
             settle(pid, args.settle)
             tails0 = stats(args.skip_admin).get("incontext_tail_counts", 0) if name == "skip" else 0
             cpu0 = cpu_s(pid)
@@ -213,8 +241,7 @@ def replay(args, dialect, pid, seed):
                 continue
             if name == "envoy":
                 continue
-            got = filter_cap(headers, B)
-            row[f"ok_{name}"] = got == want
+            row[f"ok_{name}"] = outcome_ok(headers, want)
             row[f"source_{name}"] = headers.get("x-incontext-source")
             row[f"action_{name}"] = headers.get("x-incontext-action")
             row[f"phi_{name}"] = int(headers.get("x-incontext-prompt-tokens", "0"))
@@ -303,8 +330,7 @@ def markdown(all_rows, sums, env, hist, sessions_per):
            "| median added ms, P ≥ 8000: envoy / count / skip | outcome = exact-count outcome |",
            "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|"]
     for dialect, s in sums.items():
-        name = {"openai": "OpenAI chat with tools",
-                "anthropic": "Anthropic Messages, tool_use / tool_result"}[dialect]
+        name = DIALECTS[dialect]
         out.append(
             f"| {name} | {s['turns']} ({s['sessions']}) | {s['P'][0]}–{s['P'][1]} | {s['fits']} | "
             f"{s['nocall_fits']} ({100 * s['nocall_fits'] / max(1, s['fits']):.0f} %) | "
@@ -351,6 +377,21 @@ def markdown(all_rows, sums, env, hist, sessions_per):
     return "\n".join(out) + "\n"
 
 
+def write_results(args, rows, report, bad, violations):
+    """Writes the rows (JSON lines, --jsonl) and the report (--out); 1 when an outcome differed
+    from the one the exact count leads to (`bad`: the dialects) or a bound was violated."""
+    with open(args.jsonl, "w", encoding="utf-8") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+    with open(args.out, "w", encoding="utf-8") as f:
+        f.write(report)
+    if bad or violations:
+        print(f"FAIL: outcomes differ from the exact count's in {bad} or bound violations",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--vllm-port", type=int, required=True)
@@ -378,23 +419,15 @@ def main():
         all_rows += rows
         sums[dialect] = summary(rows)
         print(json.dumps({dialect: sums[dialect]}), flush=True)
-    with open(args.jsonl, "w", encoding="utf-8") as f:
-        for r in all_rows:
-            f.write(json.dumps(r) + "\n")
     counters = {"count": stats(args.count_admin), "skip": stats(args.skip_admin)}
     print(json.dumps(counters), flush=True)
     hist = prometheus_histogram(args.skip_admin)
-    with open(args.out, "w", encoding="utf-8") as f:
-        f.write(markdown(all_rows, sums, args.env, hist, args.sessions))
-        f.write("\nThe filters' counters at the end of the run: `count` "
-                + json.dumps(counters["count"], sort_keys=True) + "; `skip` "
-                + json.dumps(counters["skip"], sort_keys=True) + ".\n")
-    bad = [d for d, s in sums.items() if not s["ok"]]
-    if bad or counters["skip"].get("incontext_bound_violations", 0):
-        print(f"FAIL: outcomes differ from the exact count's in {bad} or bound violations",
-              file=sys.stderr)
-        return 1
-    return 0
+    report = (markdown(all_rows, sums, args.env, hist, args.sessions)
+              + "\nThe filters' counters at the end of the run: `count` "
+              + json.dumps(counters["count"], sort_keys=True) + "; `skip` "
+              + json.dumps(counters["skip"], sort_keys=True) + ".\n")
+    return write_results(args, all_rows, report, [d for d, s in sums.items() if not s["ok"]],
+                         counters["skip"].get("incontext_bound_violations", 0))
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@
 from __future__ import annotations
 
 import copy
+import http.client
 import json
 import re
 import shutil
@@ -34,7 +35,10 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 COMPOSE = ROOT / "docker-compose.yml"
 DOTENV = ROOT / ".env"
-from tests.harness.envoy import SHIPPED_CONFIG, envoy_binary, load_shipped, wasm_filter, watch_log
+from tests.harness import layouts
+from tests.harness.envoy import (SHIPPED_CONFIG, Envoy, envoy_binary, load_shipped,
+                                 shipped_plugin_config, wasm_filter, watch_log)
+from tests.harness.upstream import Upstream
 
 BUILT_WASM = ROOT / "target" / "wasm32-wasip1" / "release" / "incontext.wasm"
 
@@ -447,20 +451,23 @@ def test_render_profile_counts_on_the_render_server(doc):
 
 
 @pytest.mark.parametrize("config_name", ["envoy.yaml", "envoy-sglang.yaml", "envoy-llamacpp.yaml",
-                                         "envoy-render.yaml"])
+                                         "envoy-render.yaml", "envoy-front.yaml"])
 def test_envoy_config_passes_envoy_validate(config_name, tmp_path):
     """`envoy --mode validate` on the shipped file, the wasm path pointed at the built wasm:
-    Envoy loads the filter, which checks the plugin configuration (backend included)."""
+    Envoy loads the filter, which checks the plugin configuration (backend included). The
+    front of the fleet profile has no filter: Envoy checks the rest."""
     binary = envoy_binary()
     if not binary:
         pytest.fail("Envoy binary not found: run scripts/setup.sh", pytrace=False)
     if not BUILT_WASM.is_file():
         pytest.fail(f"{BUILT_WASM} is missing: run scripts/build-wasm.sh", pytrace=False)
     text = (ROOT / "envoy" / config_name).read_text(encoding="utf-8")
-    wasm = wasm_filter(yaml.safe_load(text))["typed_config"]["config"]["vm_config"]["code"][
-        "local"]["filename"]
+    if config_name != "envoy-front.yaml":
+        wasm = wasm_filter(yaml.safe_load(text))["typed_config"]["config"]["vm_config"]["code"][
+            "local"]["filename"]
+        text = text.replace(wasm, str(BUILT_WASM))
     path = tmp_path / config_name
-    path.write_text(text.replace(wasm, str(BUILT_WASM)))
+    path.write_text(text)
     out = subprocess.run([binary, "--mode", "validate", "-c", str(path), "-l", "info",
                           "--disable-hot-restart"],
                          capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
@@ -549,6 +556,213 @@ def test_grafana_provisioning_is_mounted_and_reaches_prometheus(doc):
     assert m["read_only"] and host_dashboard == (GRAFANA_DIR / "incontext.json").resolve(), m
     assert svc["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"] == dashboard
     assert svc["depends_on"]["prometheus"]["condition"] == "service_healthy"
+
+
+# --- the fleet profile: a front Envoy keeps each session on one incontext replica ---------
+# incontext keeps a conversation's anchors and counts in the Envoy that served it
+# (docs/deployment.md, "Sessions and replicas"): the front hashes each request on the agent's
+# session header, else the client's address, over replicas that run envoy/envoy.yaml.
+FRONT_HASH = ([{"header": {"header_name": h}, "terminal": True} for h in layouts.SESSION_HEADERS]
+              + [{"connection_properties": {"source_ip": True}, "terminal": True}])
+
+
+def _hcm_of(cfg: dict) -> dict:
+    return cfg["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+
+
+def front_problems(cfg: dict) -> list:
+    """What keeps envoy/envoy-front.yaml from keeping a session on one replica."""
+    p = []
+    hcm = _hcm_of(cfg)
+    if [f["name"] for f in hcm["http_filters"]] != ["envoy.filters.http.router"]:
+        p.append(f"the front runs filters besides the router: {hcm['http_filters']}")
+    clusters = {c["name"]: c for c in cfg["static_resources"]["clusters"]}
+    routes = [r for vh in hcm["route_config"]["virtual_hosts"] for r in vh["routes"]]
+    if not routes:
+        p.append("no route")
+    for r in routes:
+        if r["route"].get("hash_policy") != FRONT_HASH:
+            p.append(f"route hash policy {r['route'].get('hash_policy')} is not the agents' "
+                     "session headers, then the client's address, each terminal")
+        c = clusters.get(r["route"].get("cluster"))
+        if c is None:
+            p.append(f"route to an undefined cluster {r['route'].get('cluster')!r}")
+        elif c.get("lb_policy") not in ("MAGLEV", "RING_HASH"):
+            p.append(f"cluster {c['name']} balances with {c.get('lb_policy')}: no consistent hash")
+    return p
+
+
+def _front_route(cfg):
+    return _hcm_of(cfg)["route_config"]["virtual_hosts"][0]["routes"][0]["route"]
+
+
+def test_front_hashes_on_the_agents_session_headers_then_the_client_address():
+    assert front_problems(load_config("envoy-front.yaml")) == []
+
+
+FRONT_BREAKAGES = {
+    "round robin": lambda c: c["static_resources"]["clusters"][0].__setitem__("lb_policy", "ROUND_ROBIN"),
+    "no hash policy": lambda c: _front_route(c).pop("hash_policy"),
+    "client address first": lambda c: _front_route(c)["hash_policy"].insert(
+        0, _front_route(c)["hash_policy"].pop()),
+    "headers not terminal": lambda c: [h.pop("terminal") for h in _front_route(c)["hash_policy"]],
+    "OpenCode's header missing": lambda c: _front_route(c)["hash_policy"].pop(2),
+    "a filter that reads the body": lambda c: _hcm_of(c)["http_filters"].insert(0, {
+        "name": "envoy.filters.http.buffer", "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.buffer.v3.Buffer",
+            "max_request_bytes": 1024}}),
+}
+
+
+@pytest.mark.parametrize("breakage", list(FRONT_BREAKAGES))
+def test_broken_front_is_rejected(breakage):
+    cfg = load_config("envoy-front.yaml")
+    FRONT_BREAKAGES[breakage](cfg)
+    assert front_problems(cfg), f"'{breakage}' was not caught"
+
+
+def test_fleet_profile_runs_replicas_behind_the_front(doc):
+    """With gpu (or cpu) and fleet: the single Envoy, the front and three replicas, each replica
+    the envoy service's config and wasm without published ports, the front's cluster resolving
+    to the replicas' service on their listener port."""
+    for profile in ("gpu", "cpu"):
+        active = active_services(doc, [profile, "fleet"])
+        envoys = sorted(n for n, s in active.items() if s["image"].startswith("envoyproxy/envoy:"))
+        assert envoys == ["envoy", "envoy-front", "envoy-replica"], envoys
+    s = doc["services"]
+    replica, front, single = s["envoy-replica"], s["envoy-front"], s["envoy"]
+    assert replica["deploy"]["replicas"] == 3, replica.get("deploy")
+    assert not replica.get("ports"), "replicas are reached through the front only"
+    assert bind_mounts(replica) == bind_mounts(single)
+    assert [str(c) for c in replica["command"]] == ["envoy", "-c", envoy_config_arg(single),
+                                                    "--log-level", "info"]
+    assert replica["image"] == front["image"] == single["image"]
+    assert replica["depends_on"] == single["depends_on"]
+    assert replica["healthcheck"] == single["healthcheck"]
+    m = bind_mounts(front)[envoy_config_arg(front)]
+    assert (ROOT / m["source"]).resolve() == (ROOT / "envoy" / "envoy-front.yaml").resolve(), m
+    assert m["read_only"], m
+    cfg = load_config("envoy-front.yaml")
+    host, port = envoy_cluster_address(cfg, _front_route(cfg)["cluster"])
+    assert [n for n in s if host in names_of(n, s[n])] == ["envoy-replica"], host
+    listen = load_shipped()["static_resources"]["listeners"][0]["address"]["socket_address"]
+    assert port == listen["port_value"] and str(port) in [str(p) for p in replica["expose"]]
+    assert front["depends_on"] == {"envoy-replica": {"condition": "service_healthy"}}
+    front_listen = cfg["static_resources"]["listeners"][0]["address"]["socket_address"]["port_value"]
+    ports = [str(p) for p in front["ports"]]
+    assert ports == [f"10001:{front_listen}", "127.0.0.1:9902:9901"], ports
+    assert [str(p) for p in single["ports"]][0].split(":")[0] != "10001"
+
+
+def front_for(ports):
+    """envoy/envoy-front.yaml on loopback, its cluster naming the given replica ports."""
+    def make(port, admin):
+        cfg = load_config("envoy-front.yaml")
+        cfg["admin"]["address"]["socket_address"].update(address="127.0.0.1", port_value=admin)
+        cfg["static_resources"]["listeners"][0]["address"]["socket_address"].update(
+            address="127.0.0.1", port_value=port)
+        cluster = cfg["static_resources"]["clusters"][0]
+        cluster["load_assignment"]["endpoints"][0]["lb_endpoints"] = [
+            {"endpoint": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": p}}}}
+            for p in ports]
+        return cfg
+    return make
+
+
+@pytest.fixture(scope="module")
+def replicas(tmp_path_factory):
+    """Three Envoy + incontext replicas (envoy/envoy.yaml) in front of one fake vLLM."""
+    binary = envoy_binary()
+    if not binary:
+        pytest.fail("Envoy binary not found: run scripts/setup.sh", pytrace=False)
+    if not BUILT_WASM.is_file():
+        pytest.fail(f"{BUILT_WASM} is missing: run scripts/build-wasm.sh", pytrace=False)
+    up = Upstream().start()
+    up.tokenizer.count(25, max_model_len=32768)
+    work = tmp_path_factory.mktemp("fleet")
+    started = []
+    try:
+        for i in range(3):
+            started.append(Envoy(binary, work, shipped_plugin_config(), (up.host, up.port),
+                                 name=f"replica-{i}").start())
+        yield binary, work, started
+    finally:
+        for e in started:
+            e.stop()
+        up.stop()
+
+
+def served_by(front, replicas, headers, source):
+    """The replica that served one chat request sent to the front from address `source`."""
+    before = [r.counters().get("incontext_requests", 0) for r in replicas]
+    conn = http.client.HTTPConnection("127.0.0.1", front.port, timeout=30,
+                                      source_address=(source, 0))
+    body = json.dumps({"model": "Qwen/Qwen3-8B", "max_tokens": 100000,
+                       "messages": [{"role": "user", "content": "hello"}]})
+    conn.request("POST", "/v1/chat/completions", body,
+                 {"content-type": "application/json", **headers})
+    resp = conn.getresponse()
+    resp.read()
+    conn.close()
+    assert resp.status == 200, resp.status
+    assert resp.getheader("x-incontext-action") == "rewritten", resp.getheaders()
+    after = [r.counters().get("incontext_requests", 0) for r in replicas]
+    grew = [i for i, (a, b) in enumerate(zip(before, after)) if b != a]
+    assert len(grew) == 1 and after[grew[0]] == before[grew[0]] + 1, (before, after)
+    return grew[0]
+
+
+def route_sessions(front, reps):
+    """Where each session's requests went: {session: {replicas}}. Six sessions per agent
+    header, each sent from three client addresses; one header sent with another agent's too
+    (the first in the front's order decides); no header, from one address and from twelve."""
+    seen = {}
+    for h in layouts.SESSION_HEADERS:
+        for i in range(6):
+            seen[(h, i)] = {served_by(front, reps, {h: f"{h}-{i}"}, f"127.0.0.{2 + j}")
+                            for j in range(3)}
+    first, second = layouts.SESSION_HEADERS[:2]
+    seen["two headers"] = {served_by(front, reps, {first: f"{first}-0", second: f"other-{j}"},
+                                     "127.0.0.2") for j in range(3)} | seen[(first, 0)]
+    seen["one address"] = {served_by(front, reps, {}, "127.0.0.40") for _ in range(4)}
+    addresses = {served_by(front, reps, {}, f"127.0.0.{50 + j}") for j in range(12)}
+    return seen, addresses
+
+
+def test_front_keeps_each_session_on_one_replica(replicas):
+    """The shipped front, run with three real Envoy + incontext replicas: every session's
+    requests on one replica, whatever the client's address; sessions and addresses spread."""
+    binary, work, reps = replicas
+    front = Envoy(binary, work, None, None, name="front", config=front_for([r.port for r in reps]),
+                  log_args=("-l", "info")).start()
+    try:
+        seen, addresses = route_sessions(front, reps)
+    finally:
+        front.stop()
+    split = {k: v for k, v in seen.items() if len(v) != 1}
+    assert split == {}, f"sessions served by more than one replica: {split}"
+    per_header = [{next(iter(seen[(h, i)])) for i in range(6)} for h in layouts.SESSION_HEADERS]
+    assert all(len(x) >= 2 for x in per_header), f"sessions not spread: {per_header}"
+    assert len(addresses) >= 2, f"twelve client addresses all on replica {addresses}"
+
+
+def test_front_without_hash_policy_splits_sessions(replicas):
+    """The same requests through the front without its hash policy (Maglev without a key picks
+    a replica at random): sessions are split, so the check above can fail."""
+    binary, work, reps = replicas
+
+    def unhashed(port, admin):
+        cfg = front_for([r.port for r in reps])(port, admin)
+        _front_route(cfg).pop("hash_policy")
+        return cfg
+
+    front = Envoy(binary, work, None, None, name="front-unhashed", config=unhashed,
+                  log_args=("-l", "info")).start()
+    try:
+        seen, _ = route_sessions(front, reps)
+    finally:
+        front.stop()
+    assert sum(1 for v in seen.values() if len(v) > 1) >= 10, seen
 
 
 # --- the Envoy service, run for real -------------------------------------------------------

@@ -361,11 +361,36 @@ BREAKAGES = {
         ("unknown requestBuffer key", lambda s: _rename_key(s["requestBuffer"], "limit", "limt")),
         ("unknown spec key", lambda s: _rename_key(s, "requestBuffer", "requestBuffering")),
     ],
-    "EnvoyProxy": [
+    "EnvoyProxy/incontext": [
         ("filter name typo", lambda s: s["filterOrder"][0].__setitem__("name", "envoy.filters.http.bufer")),
         ("after names no filter", lambda s: s["filterOrder"][0].__setitem__("after", "wasm")),
         ("mergeType typo", lambda s: s.__setitem__("mergeType", "Merge")),
         ("unknown spec key", lambda s: _rename_key(s, "filterOrder", "filtersOrder")),
+        ("provider type typo", lambda s: s["provider"].__setitem__("type", "kubernetes")),
+    ],
+    "EnvoyProxy": [
+        ("mergeType typo", lambda s: s.__setitem__("mergeType", "Merge")),
+        ("provider type typo", lambda s: s["provider"].__setitem__("type", "kubernetes")),
+        ("unknown envoyService key", lambda s: _rename_key(
+            s["provider"]["kubernetes"]["envoyService"], "patch", "patches")),
+        ("patch without value", lambda s: s["provider"]["kubernetes"]["envoyService"]["patch"].pop("value")),
+    ],
+    "BackendTrafficPolicy/incontext-hold-request": [
+        ("limit not a quantity", lambda s: s["requestBuffer"].__setitem__("limit", "16MB")),
+        ("unknown spec key", lambda s: _rename_key(s, "requestBuffer", "requestBuffering")),
+        ("load balancer type typo", lambda s: s["loadBalancer"].__setitem__("type", "ConsistentHashing")),
+        ("hash type typo", lambda s: s["loadBalancer"]["consistentHash"].__setitem__("type", "Header_s")),
+        ("hashed header without a name", lambda s: s["loadBalancer"]["consistentHash"]["headers"][0].pop("name")),
+    ],
+    "DestinationRule": [
+        ("useSourceIp not a boolean",
+         lambda s: s["trafficPolicy"]["loadBalancer"]["consistentHash"].__setitem__("useSourceIp", "yes")),
+        ("host not a string", lambda s: s.__setitem__("host", ["vllm"])),
+    ],
+    "Service/istio-ingressgateway": [
+        ("sessionAffinity not a string", lambda s: s.__setitem__("sessionAffinity", ["ClientIP"])),
+        ("timeout not a number",
+         lambda s: s["sessionAffinityConfig"]["clientIP"].__setitem__("timeoutSeconds", "3h")),
     ],
     "gateway.networking.k8s.io/v1 Gateway": [
         ("listener port not a number", lambda s: s["listeners"][0].__setitem__("port", "80")),
@@ -398,10 +423,12 @@ BREAKAGES = {
 
 def breakages(doc: dict, source: str):
     """The broken copies a schema must reject: the spec not an object (every kind), then the
-    kind's own (BREAKAGES["apiVersion Kind"], else BREAKAGES["Kind"]); those that add an
-    unknown field only for the CRD schemas."""
+    document's own (BREAKAGES["Kind/name"], else BREAKAGES["apiVersion Kind"], else
+    BREAKAGES["Kind"]); those that add an unknown field only for the CRD schemas."""
     out = [("spec not an object", None)]
-    own = BREAKAGES.get(f"{doc.get('apiVersion')} {doc.get('kind')}", BREAKAGES.get(doc.get("kind"), []))
+    kind, name = doc.get("kind"), (doc.get("metadata") or {}).get("name")
+    own = BREAKAGES.get(f"{kind}/{name}", BREAKAGES.get(f"{doc.get('apiVersion')} {kind}",
+                                                        BREAKAGES.get(kind, [])))
     for what, fn in own:
         if source == "crd" or not what.startswith("unknown "):
             out.append((what, fn))
@@ -757,7 +784,7 @@ def eg_hold_set():
     return (
         named("EnvoyExtensionPolicy", "incontext"),
         named("BackendTrafficPolicy", "incontext-hold-request"),
-        one("EnvoyProxy"),
+        named("EnvoyProxy", "incontext"),
         one("ClientTrafficPolicy"),
         named("Gateway", "llm", "gateway.networking.k8s.io/"),
         named("HTTPRoute", "vllm"),
@@ -824,6 +851,205 @@ def test_documents_are_well_formed():
     for doc_id, doc in DOCS:
         assert metadata_errors(doc) == [], doc_id
         assert isinstance(doc.get("spec"), dict) or doc["kind"] == "Namespace", f"{doc_id}: spec"
+
+
+# --------------------------------------------------------------------------------------------
+# Sessions and replicas (docs/deployment.md): incontext's anchors and count cache live in the
+# gateway replica that served a turn, so the hop that picks the replica (the Service in front of
+# the gateway's Envoy pods) keeps a client on one; the hop to the model pods hashes on the agents'
+# own session headers where the gateway takes several keys, else on the client's address.
+
+
+def problems_of_broken(docs, breaker, problems) -> list[str]:
+    """`problems` of copies of `docs` that `breaker` changed."""
+    broken = copy.deepcopy(docs)
+    breaker(*broken)
+    return problems(*broken)
+
+
+def strategic_merge(dst: dict, patch: dict) -> None:
+    """A strategic merge patch without list directives: maps merge, anything else replaces."""
+    for k, v in patch.items():
+        if isinstance(v, dict) and isinstance(dst.get(k), dict):
+            strategic_merge(dst[k], v)
+        else:
+            dst[k] = copy.deepcopy(v)
+
+
+def eg_envoy_service(proxy: dict) -> dict:
+    """The Service Envoy Gateway makes for a Gateway's Envoy pods (type LoadBalancer, its
+    default externalTrafficPolicy Local), with the EnvoyProxy's settings and patch applied."""
+    svc = {"apiVersion": "v1", "kind": "Service",
+           "metadata": {"name": "envoy-gateway", "namespace": "envoy-gateway-system"},
+           "spec": {"type": "LoadBalancer", "externalTrafficPolicy": "Local",
+                    "selector": {"app.kubernetes.io/name": "envoy"},
+                    "ports": [{"name": "http-80", "port": 80, "targetPort": 10080}]}}
+    es = get_path(proxy, ["spec", "provider", "kubernetes", "envoyService"], {})
+    for key in ("type", "externalTrafficPolicy"):
+        if key in es:
+            svc["spec"][key] = es[key]
+    patch = es.get("patch")
+    if patch is not None:
+        assert patch.get("type", "StrategicMerge") == "StrategicMerge", patch.get("type")
+        strategic_merge(svc, patch.get("value") or {})
+    return svc
+
+
+def service_affinity_problems(spec: dict, what: str) -> list[str]:
+    p = []
+    if spec.get("sessionAffinity") != "ClientIP":
+        p.append(f"{what}: sessionAffinity is {spec.get('sessionAffinity')!r}, not ClientIP")
+    if spec.get("externalTrafficPolicy") != "Local":
+        p.append(f"{what}: externalTrafficPolicy {spec.get('externalTrafficPolicy')!r}: the "
+                 "client's address is lost")
+    return p
+
+
+def eg_replica_problems(gateway: dict, proxies: list[dict], errors) -> list[str]:
+    """Envoy Gateway: the Gateway references an EnvoyProxy whose Service keeps a client on one
+    replica; the patched Service is valid (`errors`: the npm Service model's)."""
+    ref = get_path(gateway, ["spec", "infrastructure", "parametersRef"], {})
+    ns = gateway["metadata"]["namespace"]
+    found = [x for x in proxies if ref.get("kind") == "EnvoyProxy"
+             and ref.get("group") == "gateway.envoyproxy.io"
+             and (x["metadata"]["name"], x["metadata"]["namespace"]) == (ref.get("name"), ns)]
+    if len(found) != 1:
+        return [f"Gateway {ns}/{gateway['metadata']['name']} references no EnvoyProxy of its namespace"]
+    if get_path(found[0], ["spec", "provider", "type"]) != "Kubernetes":
+        return ["the EnvoyProxy's provider is not Kubernetes"]
+    svc = eg_envoy_service(found[0])
+    return service_affinity_problems(svc["spec"], "the gateway's Service") + errors(svc)
+
+
+def eg_gateways() -> list[dict]:
+    return [d for d in docs_of("Gateway", "gateway.networking.k8s.io/")
+            if d["spec"].get("gatewayClassName") == "eg"]
+
+
+def test_envoy_gateway_replicas_keep_a_client(npm_validator):
+    gateways = eg_gateways()
+    assert sorted(g["metadata"]["namespace"] for g in gateways) == ["llm", "llm-d"]
+    for g in gateways:
+        assert eg_replica_problems(g, docs_of("EnvoyProxy"), npm_validator.errors) == []
+
+
+EG_REPLICA_BREAKAGES = [
+    ("no EnvoyProxy", lambda g, x: g["spec"].pop("infrastructure")),
+    ("EnvoyProxy of another name", lambda g, x: g["spec"]["infrastructure"]["parametersRef"].__setitem__("name", "other")),
+    ("no Service patch", lambda g, x: x["spec"]["provider"]["kubernetes"]["envoyService"].pop("patch")),
+    ("affinity None", lambda g, x: x["spec"]["provider"]["kubernetes"]["envoyService"]["patch"]["value"]["spec"].__setitem__("sessionAffinity", "None")),
+    ("client address lost", lambda g, x: x["spec"]["provider"]["kubernetes"]["envoyService"].__setitem__("externalTrafficPolicy", "Cluster")),
+    ("timeout not a number", lambda g, x: x["spec"]["provider"]["kubernetes"]["envoyService"]["patch"]["value"]["spec"]["sessionAffinityConfig"]["clientIP"].__setitem__("timeoutSeconds", "3h")),
+]
+
+
+@pytest.mark.parametrize("what,breaker", EG_REPLICA_BREAKAGES, ids=[w for w, _ in EG_REPLICA_BREAKAGES])
+@pytest.mark.parametrize("namespace", ["llm", "llm-d"])
+def test_envoy_gateway_broken_replica_affinity_is_rejected(namespace, what, breaker, npm_validator):
+    gateway = copy.deepcopy(next(g for g in eg_gateways() if g["metadata"]["namespace"] == namespace))
+    proxies = copy.deepcopy(docs_of("EnvoyProxy"))
+    ref = gateway["spec"]["infrastructure"]["parametersRef"]["name"]
+    breaker(gateway, next(x for x in proxies if (x["metadata"]["name"], x["metadata"]["namespace"]) == (ref, namespace)))
+    assert eg_replica_problems(gateway, proxies, npm_validator.errors), f"'{what}' was not caught"
+
+
+def eg_backend_hash_problems(btp: dict, route: dict) -> list[str]:
+    """The BackendTrafficPolicy on HTTPRoute llm/vllm hashes on the agents' session headers
+    over the vLLM pods (a Service backend: Envoy Gateway routes to its endpoints)."""
+    p = []
+    lb = btp["spec"].get("loadBalancer", {})
+    ch = lb.get("consistentHash", {})
+    if lb.get("type") != "ConsistentHash" or ch.get("type") != "Headers":
+        p.append(f"not a consistent hash on headers: {lb}")
+    names = [h.get("name") for h in ch.get("headers") or []]
+    if names != list(layouts.SESSION_HEADERS):
+        p.append(f"hashed headers {names}, not the agents' {list(layouts.SESSION_HEADERS)}")
+    # The CEL rule the schema check does not run: each type's own field, and only that one.
+    if sorted(k for k in ch if k not in ("type", "tableSize")) != ["headers"]:
+        p.append(f"consistentHash fields {sorted(ch)} do not match its type")
+    if btp["spec"].get("targetRefs") != [{"group": "gateway.networking.k8s.io", "kind": "HTTPRoute",
+                                          "name": route["metadata"]["name"]}]:
+        p.append("the BackendTrafficPolicy does not target the vLLM route")
+    kinds = {b.get("kind", "Service") for r in route["spec"]["rules"] for b in r.get("backendRefs", [])}
+    if kinds != {"Service"}:
+        p.append(f"the route's backends are {kinds}: no pods to hash over")
+    return p
+
+
+def test_envoy_gateway_hashes_sessions_over_the_vllm_pods():
+    assert eg_backend_hash_problems(named("BackendTrafficPolicy", "incontext-hold-request"),
+                                    named("HTTPRoute", "vllm")) == []
+
+
+def _hashed(btp):
+    return btp["spec"]["loadBalancer"]["consistentHash"]
+
+
+EG_HASH_BREAKAGES = [
+    ("no load balancer", lambda b, r: b["spec"].pop("loadBalancer")),
+    ("round robin", lambda b, r: b["spec"].__setitem__("loadBalancer", {"type": "RoundRobin"})),
+    ("source address only", lambda b, r: b["spec"]["loadBalancer"].__setitem__("consistentHash", {"type": "SourceIP"})),
+    ("Codex's header missing", lambda b, r: _hashed(b)["headers"].pop(1)),
+    ("Codex's header with an underscore", lambda b, r: _hashed(b)["headers"][1].__setitem__("name", "session_id")),
+    ("headers field of another type", lambda b, r: _hashed(b).__setitem__("type", "Header")),
+    ("a Backend, not the Service", lambda b, r: r["spec"]["rules"][0]["backendRefs"][0].update(kind="Backend", group="gateway.envoyproxy.io")),
+]
+
+
+@pytest.mark.parametrize("what,breaker", EG_HASH_BREAKAGES, ids=[w for w, _ in EG_HASH_BREAKAGES])
+def test_envoy_gateway_broken_session_hash_is_rejected(what, breaker):
+    docs = (named("BackendTrafficPolicy", "incontext-hold-request"), named("HTTPRoute", "vllm"))
+    assert problems_of_broken(docs, breaker, eg_backend_hash_problems), f"'{what}' was not caught"
+
+
+def istio_replica_problems(wasmplugin: dict, svc: dict, dr: dict, virtualservice: dict) -> list[str]:
+    """Istio: the ingress gateway's Service (the pods the WasmPlugin selects) keeps a client on
+    one pod, and only those fields are set (the document patches the installed Service); the
+    DestinationRule of the routed vLLM host hashes on one key Istio takes."""
+    p = []
+    if (svc["metadata"]["name"], svc["metadata"]["namespace"]) != (
+            "istio-ingressgateway", wasmplugin["metadata"]["namespace"]):
+        p.append("the Service is not the ingress gateway's")
+    if get_path(wasmplugin, ["spec", "selector", "matchLabels"]) != {"istio": "ingressgateway"}:
+        p.append("the WasmPlugin does not select the ingress gateway's pods")
+    extra = set(svc["spec"]) - {"sessionAffinity", "sessionAffinityConfig", "externalTrafficPolicy"}
+    if extra:
+        p.append(f"the Service document sets {sorted(extra)}: it would change the installed Service")
+    p += service_affinity_problems(svc["spec"], "the ingress gateway's Service")
+    hosts = {r["destination"]["host"] for h in virtualservice["spec"]["http"] for r in h["route"]}
+    if dr["spec"].get("host") not in hosts:
+        p.append(f"the DestinationRule's host {dr['spec'].get('host')!r} is not routed to")
+    ch = get_path(dr, ["spec", "trafficPolicy", "loadBalancer", "consistentHash"], {})
+    keys = {k: v for k, v in ch.items() if k not in ("minimumRingSize", "ringHash", "maglev")}
+    if keys not in ({"useSourceIp": True}, *({"httpHeaderName": h} for h in layouts.SESSION_HEADERS)):
+        p.append(f"the DestinationRule hashes on {keys}: not the client's address or an agent's header")
+    return p
+
+
+def istio_replica_set():
+    return (one("WasmPlugin"), named("Service", "istio-ingressgateway"),
+            one("DestinationRule"), one("VirtualService"))
+
+
+def test_istio_replicas_keep_a_client():
+    assert istio_replica_problems(*istio_replica_set()) == []
+
+
+ISTIO_REPLICA_BREAKAGES = [
+    ("no affinity", lambda w, s, d, v: s["spec"].pop("sessionAffinity")),
+    ("client address lost", lambda w, s, d, v: s["spec"].__setitem__("externalTrafficPolicy", "Cluster")),
+    ("another namespace", lambda w, s, d, v: s["metadata"].__setitem__("namespace", "llm")),
+    ("ports overwritten", lambda w, s, d, v: s["spec"].__setitem__("ports", [{"port": 80}])),
+    ("DestinationRule of another host", lambda w, s, d, v: d["spec"].__setitem__("host", "other.llm.svc.cluster.local")),
+    ("hash on a cookie", lambda w, s, d, v: d["spec"]["trafficPolicy"]["loadBalancer"].__setitem__("consistentHash", {"httpCookie": {"name": "x"}})),
+    ("no hash", lambda w, s, d, v: d["spec"]["trafficPolicy"].__setitem__("loadBalancer", {"simple": "LEAST_REQUEST"})),
+]
+
+
+@pytest.mark.parametrize("what,breaker", ISTIO_REPLICA_BREAKAGES, ids=[w for w, _ in ISTIO_REPLICA_BREAKAGES])
+def test_istio_broken_replica_affinity_is_rejected(what, breaker):
+    assert problems_of_broken(istio_replica_set(), breaker, istio_replica_problems), \
+        f"'{what}' was not caught"
 
 
 # --------------------------------------------------------------------------------------------

@@ -234,12 +234,15 @@ class Envoy:
                  env: Optional[Dict[str, str]] = None,
                  log_args: Tuple[str, ...] = ("-l", "info", "--component-log-level",
                                               "wasm:debug,dynamic_modules:debug"),
-                 refusal_expected: bool = False, glue: str = "wasm"):
+                 refusal_expected: bool = False, glue: str = "wasm",
+                 config: Optional[Callable[[int, int], dict]] = None):
         """``env``: extra environment variables of the Envoy process; ``log_args``: Envoy's
         log level arguments (default: info, wasm at debug); ``refusal_expected``: the test
         expects this Envoy to refuse its configuration (its log may hold [critical] lines;
         a wasm failure is still one); ``glue``: "wasm" or "module" (the native dynamic
-        module)."""
+        module); ``config``: instead of the shipped config, the bootstrap this function makes
+        for the listener and admin ports it is given (``plugin_config`` and ``upstream`` are
+        then not used)."""
         self.binary = binary
         self.glue = glue
         if glue == "module":
@@ -256,11 +259,14 @@ class Envoy:
         self.config_path = self.workdir / f"{name}.yaml"
         self.log_path = self.workdir / f"{name}.log"
         self.stdout_path = self.workdir / f"{name}.out"
-        self.cfg = render(wasm_path=str(WASM), listen_port=self.port, admin_port=self.admin_port,
-                          upstream=upstream, plugin_config=plugin_config,
-                          remove_filter=remove_filter, extra_clusters=extra_clusters,
-                          host_env_keys=host_env_keys, env_key_values=env_key_values,
-                          glue=glue)
+        if config is not None:
+            self.cfg = config(self.port, self.admin_port)
+        else:
+            self.cfg = render(wasm_path=str(WASM), listen_port=self.port,
+                              admin_port=self.admin_port, upstream=upstream,
+                              plugin_config=plugin_config, remove_filter=remove_filter,
+                              extra_clusters=extra_clusters, host_env_keys=host_env_keys,
+                              env_key_values=env_key_values, glue=glue)
         self.config_path.write_text(yaml.safe_dump(self.cfg, sort_keys=False))
         self.proc: Optional[subprocess.Popen] = None
 

@@ -54,7 +54,7 @@ pub fn checked(ctx: &mut Ctx, model: &str, sent: Sent, counted: Result<Counted, 
     ctx.count(Metric::BoundViolations);
     if ctx.set_flag(Flag::SkipOff, model) {
         log::warn!(
-            "incontext: a count broke its bound (count {}, bound {bound}); counting every request of this route from now on",
+            "incontext: a count broke its bound (count {}, bound {bound}); skipping is off for this route",
             counted.count
         );
     }

@@ -217,8 +217,8 @@ impl Exchange {
     /// once; a later verdict changes nothing.
     pub(super) fn conclude(&mut self, ctx: &mut Ctx, verdict: Verdict) -> Step {
         self.pass();
+        // The first conclusion stands.
         if self.report.is_some() {
-            log::debug!("incontext: a request concluded twice; the first conclusion stands");
             return Step::Done(Action::Continue);
         }
         let report = |action, reason, count: Option<(u64, Source)>, max_tokens| Report {

@@ -325,7 +325,7 @@ impl Exchange {
                     ctx.count(Metric::UsageMismatch);
                     if ctx.set_flag(super::store::Flag::UsageMismatch, &budget.model) {
                         log::warn!(
-                            "incontext: the server's usage differs from the count (usage {prompt}, count {}); are the tokenizer route and the server the same?",
+                            "incontext: usage {prompt} != count {}: the tokenizer route does not count as the server",
                             counted.unwrap_or(0)
                         );
                     }

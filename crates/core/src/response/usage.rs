@@ -7,7 +7,8 @@
 //! the last [`WINDOW`] bytes are kept (a `usage` object comes last in each of these shapes,
 //! and is small).
 
-use serde::Deserialize;
+use crate::json::scan::{scan, skip_ws};
+use crate::json::skim::container_end;
 
 /// What is kept of the current line (streamed) or of the body (JSON).
 pub const WINDOW: usize = 4096;
@@ -27,14 +28,6 @@ pub struct Usage {
     /// The previous byte was a CR (a CRLF's LF ends no second line).
     after_cr: bool,
     found: Option<u64>,
-}
-
-#[derive(Deserialize)]
-struct Counts {
-    prompt_tokens: Option<u64>,
-    input_tokens: Option<u64>,
-    cache_read_input_tokens: Option<u64>,
-    cache_creation_input_tokens: Option<u64>,
 }
 
 impl Usage {
@@ -116,16 +109,23 @@ impl Usage {
 /// The prompt tokens of the last `"usage":{…}` object in `text`, if it parses and says.
 fn read(text: &[u8]) -> Option<u64> {
     let at = text.windows(KEY.len()).rposition(|w| w == KEY)?;
-    let object = text.get(at + KEY.len()..)?;
-    let mut values = serde_json::Deserializer::from_slice(object).into_iter::<Counts>();
-    let counts = values.next()?.ok()?;
-    if let Some(p) = counts.prompt_tokens {
+    let start = skip_ws(text, at + KEY.len());
+    let object = text.get(start..container_end(text, start)?)?;
+    let members = scan(object).ok()?;
+    let number = |key: &str| {
+        let m = members.iter().rev().find(|m| m.key == key)?;
+        let digits = object.get(m.value.clone())?;
+        if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
+            return None;
+        }
+        std::str::from_utf8(digits).ok()?.parse::<u64>().ok()
+    };
+    if let Some(p) = number("prompt_tokens") {
         return Some(p);
     }
-    let input = counts.input_tokens?;
-    input
-        .checked_add(counts.cache_read_input_tokens.unwrap_or(0))?
-        .checked_add(counts.cache_creation_input_tokens.unwrap_or(0))
+    number("input_tokens")?
+        .checked_add(number("cache_read_input_tokens").unwrap_or(0))?
+        .checked_add(number("cache_creation_input_tokens").unwrap_or(0))
 }
 
 #[cfg(test)]

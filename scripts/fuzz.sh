@@ -5,9 +5,9 @@
 #   scripts/fuzz.sh body_rewrite 1800  one target for 30 minutes
 #   scripts/fuzz.sh all 0              replay the seeds and the saved corpus only (a quick check)
 #
-# Targets: body_rewrite caps tokenize_reply config. Built with plain cargo and the flags
-# cargo-fuzz would pass (SanitizerCoverage, --cfg fuzzing, debug assertions, one codegen unit),
-# so nothing is installed. Runs at nice 19, one target per core at a time (FUZZ_JOBS). New
+# Targets: body_rewrite caps tokenize_reply config bound stop_reason window_errors. Built
+# with plain cargo and the flags cargo-fuzz would pass (SanitizerCoverage, --cfg fuzzing,
+# debug assertions, one codegen unit), so nothing is installed. Runs at nice 19, one target per core at a time (FUZZ_JOBS). New
 # corpus entries go to fuzz/corpus/<target>/ (ignored by git; the committed seeds are
 # fuzz/seeds/<target>/). A crash leaves its input in fuzz/artifacts/<target>/ and makes this
 # script exit 1; reproduce it with
@@ -19,7 +19,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT/fuzz"
 
-ALL=(body_rewrite caps tokenize_reply config)
+ALL=(body_rewrite caps tokenize_reply config bound stop_reason window_errors)
 TARGET="${1:-all}"
 SECONDS_EACH="${2:-600}"
 SANITIZER="${FUZZ_SANITIZER:-none}"

@@ -1,7 +1,8 @@
-//! Tokenizer reply contract (docs/spec.md §5): `parse_reply` on any status and body never panics;
-//! non-2xx statuses map to their failure kinds; `Ok` only for a 2xx JSON object whose `count`
-//! is a non-negative integer and `max_model_len` a positive integer equal to the configured C;
-//! valid JSON is never called `BadJson`; a reply meeting the contract is accepted.
+//! Tokenizer reply contract (docs/spec.md §5): `check_status`, `parse_reply` and
+//! `check_context` on any status and body never panic; non-2xx statuses map to their failure
+//! kinds; `Ok` only for a 2xx JSON object whose `count` is a non-negative integer and
+//! `max_model_len` a positive integer equal to the configured C; valid JSON is never called
+//! `BadJson`; a reply meeting the contract is accepted.
 //!
 //! Input: byte 0 picks the status family, byte 1 the configured context length, the rest is
 //! the body (see fuzz/README.md).
@@ -11,7 +12,7 @@ mod common;
 
 use common::{json_value, show};
 use incontext_core::json::scan::scan;
-use incontext_core::tokenize::{check_context, parse_reply, Failure, Reply};
+use incontext_core::tokenize::{check_context, check_status, parse_reply, Failure, Reply};
 use libfuzzer_sys::fuzz_target;
 
 fn check(data: &[u8]) {
@@ -32,7 +33,12 @@ fn check(data: &[u8]) {
         192..=250 => Some(32768),
         b => Some(u64::from(b)),
     };
-    let got = parse_reply(status, body, context);
+    // What the flow does with an answer: the status gate, the body, then C.
+    let got = check_status(status).and_then(|()| {
+        let reply = parse_reply(body)?;
+        check_context(reply.max_model_len, context)?;
+        Ok(reply)
+    });
     let ctx = || format!("status {status:?}, C {context:?}, body {}", show(body));
 
     match status {

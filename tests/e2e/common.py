@@ -6,7 +6,8 @@ import copy
 import json
 import uuid
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+import socket
+from typing import Dict, List, Optional, Tuple
 
 import httpx
 
@@ -196,3 +197,51 @@ def assert_rewritten(res: Result, P: int, exact: bool = True, *, source: Optiona
     assert not problems, problems
     assert_content_length(rec)
     return d
+
+
+@dataclass
+class H2Answer:
+    status: int
+    headers: List[Tuple[str, str]]
+    body: bytes
+    trailers: List[Tuple[str, str]]
+
+
+def h2_post(port: int, path: str, body: bytes, headers=(), trailers=None,
+            timeout: float = 30.0) -> H2Answer:
+    """One HTTP/2 (h2c, prior knowledge) POST by hand: httpx neither sends request trailers
+    nor reads response trailers. ``trailers`` end the request body; the answer comes with
+    its own trailers."""
+    import h2.config
+    import h2.connection
+    import h2.events
+
+    conn = h2.connection.H2Connection(config=h2.config.H2Configuration(client_side=True))
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        conn.initiate_connection()
+        sid = conn.get_next_available_stream_id()
+        conn.send_headers(sid, [(":method", "POST"), (":path", path), (":scheme", "http"),
+                                (":authority", "x"), ("content-type", "application/json"),
+                                *headers])
+        conn.send_data(sid, body, end_stream=trailers is None)
+        if trailers is not None:
+            conn.send_headers(sid, trailers, end_stream=True)
+        s.sendall(conn.data_to_send())
+        head, data, tail, done = [], b"", [], False
+        while not done:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            for ev in conn.receive_data(chunk):
+                if isinstance(ev, h2.events.ResponseReceived):
+                    head = [(k.decode(), v.decode()) for k, v in ev.headers]
+                elif isinstance(ev, h2.events.DataReceived):
+                    data += ev.data
+                    conn.acknowledge_received_data(ev.flow_controlled_length, ev.stream_id)
+                elif isinstance(ev, h2.events.TrailersReceived):
+                    tail = [(k.decode(), v.decode()) for k, v in ev.headers]
+                elif isinstance(ev, (h2.events.StreamEnded, h2.events.StreamReset)):
+                    done = True
+            s.sendall(conn.data_to_send())
+    status = int(dict(head)[":status"])
+    return H2Answer(status, [h for h in head if not h[0].startswith(":")], data, tail)

@@ -62,10 +62,12 @@ class EnvoyPool:
         self.alive: "OrderedDict[str, Envoy]" = OrderedDict()
         self.n = 0
 
-    def get(self, plugin_config=None, *, fresh: bool = False, extra_clusters=()) -> Envoy:
-        """A running Envoy for this plugin configuration; ``fresh`` always starts a new one."""
+    def get(self, plugin_config=None, *, fresh: bool = False, extra_clusters=(),
+            trailers: bool = False) -> Envoy:
+        """A running Envoy for this plugin configuration; ``fresh`` always starts a new one;
+        ``trailers``: HTTP/1 trailers pass (``tests.harness.envoy.render``)."""
         plugin_config = MAIN if plugin_config is None else plugin_config
-        key = json.dumps([plugin_config, list(extra_clusters)], sort_keys=True)
+        key = json.dumps([plugin_config, list(extra_clusters), trailers], sort_keys=True)
         self.n += 1
         if fresh:
             key += f"#fresh{self.n}"
@@ -78,7 +80,7 @@ class EnvoyPool:
             old.stop()
         env = Envoy(self.binary, self.workdir, plugin_config,
                     (self.upstream.host, self.upstream.port), remove_filter=no_filter(),
-                    extra_clusters=extra_clusters, name=f"envoy{self.n}")
+                    extra_clusters=extra_clusters, name=f"envoy{self.n}", trailers=trailers)
         env.start()
         self.alive[key] = env
         return env

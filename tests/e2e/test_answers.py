@@ -1,14 +1,15 @@
 """docs/spec.md §13, the answer side, through the real Envoy against scripted answers: a window
 error reaches the client in its dialect, every other answer byte for byte (huge or non-JSON
 error bodies, look-alikes, content-encoding, 5xx, successes), the Anthropic stop reason in JSON
-and in a split SSE stream that is never held, a stream that ends mid-event; no server text in
-the log."""
+and in a split SSE stream that is never held (lines ended by LF, CR or CRLF), a stream that ends
+mid-event; no server text in the log. Answers that end in trailers: test_answer_ends.py."""
 
 import gzip
 import json
 import threading
 
 import httpx
+import pytest
 
 from tests.e2e.common import C, F, MODEL, cfg, chat, dumps, nonce
 from tests.harness.spec import estimate
@@ -180,13 +181,16 @@ STREAM_HEAD = [("message_start", {"type": "message_start", "message": {"id": "m"
                                         "delta": {"type": "text_delta", "text": "message_delta"}})]
 
 
-def test_anthropic_stream_split_and_never_held(proxy, upstream):
+@pytest.mark.parametrize("end", [b"\n", b"\r", b"\r\n"], ids=["lf", "cr", "crlf"])
+def test_anthropic_stream_split_and_never_held(proxy, upstream, end):
+    """Lines ended by LF, CR alone or CRLF alike: the first events reach the client before
+    the last piece is sent, and the message_delta, split in three, is rewritten."""
     delta = sse([("message_delta", {"type": "message_delta",
                                     "delta": {"stop_reason": "max_tokens", "stop_sequence": None},
                                     "usage": {"output_tokens": 999999}})])
-    delta = delta.replace(b"999999", b"{max_tokens}")
-    head = sse(STREAM_HEAD)
-    stop = sse([("message_stop", {"type": "message_stop"})])
+    delta = delta.replace(b"999999", b"{max_tokens}").replace(b"\n", end)
+    head = sse(STREAM_HEAD).replace(b"\n", end)
+    stop = sse([("message_stop", {"type": "message_stop"})]).replace(b"\n", end)
     # The delta event split in three chunks; the last piece waits until the client has read
     # the first events: a held stream would never get there.
     gate = Gate(hold_limit=30)
@@ -194,16 +198,17 @@ def test_anthropic_stream_split_and_never_held(proxy, upstream):
     answer = Answer(200, [head, *cut, stop], headers=[("Content-Type", "text/event-stream")],
                     pause=0.05, gate=gate)
     h = scripted(upstream, answer)
-    got = b""
+    got, before_gate = b"", None
     with httpx.Client(base_url=proxy.envoy.url, timeout=30) as c:
         with c.stream("POST", "/v1/messages", content=dumps(messages_body(stream=True)),
                       headers={"content-type": "application/json", **h}) as r:
             value = int(r.headers["x-incontext-max-tokens"])
             for chunk in r.iter_raw():
                 got += chunk
-                if head in got:
+                if head in got and before_gate is None:
+                    before_gate = got
                     gate.open()
-    assert head in got
+    assert before_gate is not None and stop not in before_gate, before_gate
     want = head + delta.replace(b"{max_tokens}", str(value).encode()).replace(
         b'"stop_reason": "max_tokens"', b'"stop_reason": "model_context_window_exceeded"') + stop
     assert got == want, got

@@ -23,7 +23,7 @@ import httpx
 import pytest
 
 from tests.e2e.common import (C, F, MODEL, R, W, Proxy, Result, assert_content_length,
-                        assert_rewritten, assert_unchanged, cfg, chat, dumps, nonce)
+                        assert_rewritten, assert_unchanged, cfg, chat, dumps, h2_post, nonce)
 from tests.harness.envoy import Envoy, no_filter
 from tests.harness.spec import (CAP_FIELDS, chat_payload_obj, decide, dumps_compact, estimate, estimates,
                       non_cap_members_kept, top_level_members)
@@ -507,39 +507,9 @@ def test_chunked_http11_client_with_trailers(hp, henv, upstream):
 
 
 def h2_request_with_trailers(port: int, body: bytes, trailers) -> httpx.Response:
-    """One HTTP/2 (h2c, prior knowledge) POST whose body ends with trailers, by hand (httpx
-    cannot send request trailers)."""
-    import h2.config
-    import h2.connection
-    import h2.events
-
-    conn = h2.connection.H2Connection(config=h2.config.H2Configuration(client_side=True))
-    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
-        conn.initiate_connection()
-        sid = conn.get_next_available_stream_id()
-        conn.send_headers(sid, [(":method", "POST"), (":path", "/v1/chat/completions"),
-                                (":scheme", "http"), (":authority", "x"),
-                                ("content-type", "application/json")])
-        conn.send_data(sid, body)
-        conn.send_headers(sid, trailers, end_stream=True)
-        s.sendall(conn.data_to_send())
-        headers, data, done = [], b"", False
-        while not done:
-            chunk = s.recv(65536)
-            if not chunk:
-                break
-            for ev in conn.receive_data(chunk):
-                if isinstance(ev, h2.events.ResponseReceived):
-                    headers = [(k.decode(), v.decode()) for k, v in ev.headers]
-                elif isinstance(ev, h2.events.DataReceived):
-                    data += ev.data
-                    conn.acknowledge_received_data(ev.flow_controlled_length, ev.stream_id)
-                elif isinstance(ev, (h2.events.StreamEnded, h2.events.StreamReset)):
-                    done = True
-            s.sendall(conn.data_to_send())
-    status = int(dict(headers)[":status"])
-    return httpx.Response(status, headers=[h for h in headers if not h[0].startswith(":")],
-                          content=data)
+    """One HTTP/2 (h2c, prior knowledge) POST whose body ends with trailers."""
+    a = h2_post(port, "/v1/chat/completions", body, trailers=trailers)
+    return httpx.Response(a.status, headers=a.headers, content=a.body)
 
 
 def test_http2_client_with_request_trailers_passes_unchanged(hp, henv, upstream):

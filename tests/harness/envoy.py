@@ -107,8 +107,11 @@ def shipped_plugin_config() -> dict:
 def render(*, wasm_path: str, listen_port: int, admin_port: int, upstream: Tuple[str, int],
            plugin_config, remove_filter: bool = False, extra_clusters: List[dict] = (),
            host_env_keys: List[str] = (), env_key_values: Optional[Dict[str, str]] = None,
-           glue: str = "wasm") -> dict:
+           glue: str = "wasm", trailers: bool = False) -> dict:
     """The shipped config with the test-run substitutions applied.
+
+    ``trailers``: HTTP/1 trailers pass, from the `vllm` cluster and to clients (Envoy's HTTP/1
+    codec drops them by default; HTTP/2 always carries them).
 
     ``plugin_config`` is a dict (dumped as JSON) or a str (used verbatim, for bad-JSON tests).
     ``host_env_keys`` / ``env_key_values`` add ``vm_config.environment_variables`` (Envoy
@@ -126,6 +129,13 @@ def render(*, wasm_path: str, listen_port: int, admin_port: int, upstream: Tuple
     sa.update(address=upstream[0], port_value=upstream[1])
     clusters.extend(copy.deepcopy(list(extra_clusters)))
     hcm = _hcm(cfg)
+    if trailers:
+        h1 = {"enable_trailers": True}
+        vllm["typed_extension_protocol_options"] = {
+            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+                "explicit_http_config": {"http_protocol_options": h1}}}
+        hcm["http_protocol_options"] = h1
     value = plugin_config if isinstance(plugin_config, str) else json.dumps(plugin_config)
     if remove_filter:
         hcm["http_filters"] = [f for f in hcm["http_filters"]
@@ -235,14 +245,14 @@ class Envoy:
                  log_args: Tuple[str, ...] = ("-l", "info", "--component-log-level",
                                               "wasm:debug,dynamic_modules:debug"),
                  refusal_expected: bool = False, glue: str = "wasm",
-                 config: Optional[Callable[[int, int], dict]] = None):
+                 config: Optional[Callable[[int, int], dict]] = None, trailers: bool = False):
         """``env``: extra environment variables of the Envoy process; ``log_args``: Envoy's
         log level arguments (default: info, wasm at debug); ``refusal_expected``: the test
         expects this Envoy to refuse its configuration (its log may hold [critical] lines;
         a wasm failure is still one); ``glue``: "wasm" or "module" (the native dynamic
         module); ``config``: instead of the shipped config, the bootstrap this function makes
         for the listener and admin ports it is given (``plugin_config`` and ``upstream`` are
-        then not used)."""
+        then not used); ``trailers``: see ``render``."""
         self.binary = binary
         self.glue = glue
         if glue == "module":
@@ -266,7 +276,7 @@ class Envoy:
                               admin_port=self.admin_port, upstream=upstream,
                               plugin_config=plugin_config, remove_filter=remove_filter,
                               extra_clusters=extra_clusters, host_env_keys=host_env_keys,
-                              env_key_values=env_key_values, glue=glue)
+                              env_key_values=env_key_values, glue=glue, trailers=trailers)
         self.config_path.write_text(yaml.safe_dump(self.cfg, sort_keys=False))
         self.proc: Optional[subprocess.Popen] = None
 

@@ -112,7 +112,8 @@ class Answer:
     (and flushed) with ``pause`` seconds between them. ``{max_tokens}`` in a piece becomes the
     ``max_tokens`` (or ``max_output_tokens``) of the request as it arrived, so an answer can
     use exactly the cap the filter wrote. With ``length``, the body goes with a Content-Length
-    instead of chunked; ``gate`` holds the last piece until it opens."""
+    instead of chunked; ``gate`` holds the last piece until it opens; ``trailers`` end a
+    chunked body (Envoy reads them only from a cluster with HTTP/1 trailers enabled)."""
 
     status: int
     pieces: List[bytes]
@@ -120,6 +121,7 @@ class Answer:
     pause: float = 0.0
     length: bool = False
     gate: Optional["Gate"] = None
+    trailers: List[Tuple[str, str]] = field(default_factory=list)
 
 
 class Tokenizer:
@@ -286,7 +288,9 @@ class Upstream:
                     if answer.pause and i + 1 < len(pieces):
                         time.sleep(answer.pause)
                 if not answer.length:
-                    self.wfile.write(b"0\r\n\r\n")
+                    trailers = b"".join(b"%s: %s\r\n" % (k.encode(), v.encode())
+                                        for k, v in answer.trailers)
+                    self.wfile.write(b"0\r\n" + trailers + b"\r\n")
                     self.wfile.flush()
                 if answer.gate is not None:
                     answer.gate.done()

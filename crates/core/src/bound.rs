@@ -311,12 +311,24 @@ struct Block<'a> {
     input: Option<&'a RawValue>,
 }
 
-/// Blocks of a content array, when it is one.
+/// Blocks of a content array, when it is one; `None` when one of them is not an object.
 fn blocks(content: Option<&RawValue>) -> Option<Vec<Block<'_>>> {
     match content.map(|c| c.get()) {
-        Some(c) if c.starts_with('[') => serde_json::from_str(c).ok(),
+        Some(c) if c.starts_with('[') => {
+            let parts: Vec<&RawValue> = serde_json::from_str(c).ok()?;
+            parts.iter().map(|p| object(p.get())).collect()
+        }
         _ => Some(Vec::new()),
     }
+}
+
+/// `text` as `T` when it is a JSON object (serde would also read a struct from an array of
+/// its fields).
+fn object<'a, T: Deserialize<'a>>(text: &'a str) -> Option<T> {
+    if !text.trim_start().starts_with('{') {
+        return None;
+    }
+    serde_json::from_str(text).ok()
 }
 
 /// Whether a tool result's content is text only.
@@ -331,8 +343,7 @@ pub fn message_bound(form: Form, raw: &[u8]) -> Option<u64> {
 
 /// The token bound of one new message and whether it is the assistant's.
 fn bound_and_role(form: Form, raw: &[u8]) -> Option<(u64, bool)> {
-    let text = std::str::from_utf8(raw).ok()?;
-    let m: Message = serde_json::from_str(text).ok()?;
+    let m: Message = object(std::str::from_utf8(raw).ok()?)?;
     let bound = bound_of(form, raw.len() as u64, &m)?;
     Some((bound, m.role == "assistant"))
 }
@@ -603,8 +614,13 @@ mod tests {
             br#"{"role":"developer","content":"x"}"#,
             br#"{"content":"x"}"#,
             br#"{"role":"user","content":"x""#,
+            // Not an object (serde would read the fields from an array).
+            br#"["assistant"]"#,
+            br#" ["user", "hi"]"#,
+            br#"{"role":"user","content":[["text"]]}"#,
         ] {
             assert_eq!(message_bound(Form::Chat, raw), None);
+            assert_eq!(message_bound(Form::Messages, raw), None);
         }
         let tool_use = br#"{"role":"assistant","content":[{"type":"tool_use","id":"t","name":"f","input":{"a":[1,2]}}]}"#;
         assert_eq!(

@@ -143,6 +143,10 @@ impl Filter {
         self.on_stream(id, |s| s.on_response_body(proxy, size, end))
     }
 
+    pub fn on_response_trailers(&mut self, proxy: &mut dyn Proxy, id: u32) -> u32 {
+        self.on_stream(id, |s| s.on_response_trailers(proxy))
+    }
+
     pub fn on_log(&mut self, proxy: &mut dyn Proxy, id: u32) {
         self.on_stream(id, |s| s.on_log(proxy))
     }

@@ -117,6 +117,9 @@ pub struct Http {
     id: u32,
     root: u32,
     exchange: Exchange,
+    /// The first bytes of the answer the host buffers that passed the filter already: the
+    /// host keeps them while the filter holds bytes after them.
+    kept: usize,
 }
 
 impl Http {
@@ -126,6 +129,7 @@ impl Http {
             id,
             root,
             exchange: Exchange::new(),
+            kept: 0,
         }
     }
 
@@ -339,37 +343,36 @@ impl Http {
         body_size: usize,
         end_of_stream: bool,
     ) -> u32 {
-        self.with(proxy, CONTINUE, |exchange, shared, view| {
+        let mut kept = std::mem::take(&mut self.kept);
+        let step = self.with(proxy, CONTINUE, |exchange, shared, view| {
             match exchange.on_response_body(body_size, end_of_stream) {
                 response::BodyStep::Continue => return CONTINUE,
                 response::BodyStep::Buffer => return PAUSE,
                 response::BodyStep::Read => {}
             }
-            let data = match view
-                .proxy
-                .get_buffer(BufferType::HttpResponseBody, 0, body_size)
-            {
-                Ok(b) => b.unwrap_or_default(),
-                Err(e) => {
-                    log::warn!("incontext: cannot read the answer (host status {})", e.0);
-                    exchange.on_response_host_error();
-                    return CONTINUE;
-                }
-            };
-            match exchange.on_response_data(&shared.plugin, view, &data, end_of_stream) {
-                response::Edit::Keep => {}
-                response::Edit::Replace(out) => {
-                    let replaced =
-                        view.proxy
-                            .set_buffer(BufferType::HttpResponseBody, 0, data.len(), &out);
-                    if let Err(e) = replaced {
-                        log::warn!("incontext: cannot replace the answer (host status {})", e.0);
-                        exchange.on_response_host_error();
-                    }
-                }
+            edit_answer(exchange, shared, view, body_size, end_of_stream, &mut kept);
+            // While the filter holds bytes back, the host keeps this chunk with them.
+            if kept > 0 {
+                PAUSE
+            } else {
+                CONTINUE
             }
-            CONTINUE
-        })
+        });
+        self.kept = kept;
+        step
+    }
+
+    /// The answer ends in trailers, the end of its body with no more bytes: what the filter
+    /// holds goes out before them, edited as at the end of a body, after what the host still
+    /// buffers (and an answer read for its usage is read to its end).
+    pub fn on_response_trailers(&mut self, proxy: &mut dyn Proxy) -> u32 {
+        let mut kept = std::mem::take(&mut self.kept);
+        self.with(proxy, (), |exchange, shared, view| {
+            if exchange.on_response_body(0, true) == response::BodyStep::Read {
+                edit_answer(exchange, shared, view, usize::MAX, true, &mut kept);
+            }
+        });
+        CONTINUE
     }
 
     /// The stream is done (answered, or reset): a skipped request's count goes out now.
@@ -377,5 +380,48 @@ impl Http {
         self.with(proxy, (), |exchange, shared, view| {
             exchange.on_stream_end(&shared.plugin, view);
         })
+    }
+}
+
+/// Reads up to `size` bytes of the answer the host buffers and hands the exchange what did
+/// not pass it yet (after the first `kept` bytes); puts back what it returns. `kept` becomes
+/// what the host keeps: the whole buffer while the filter holds bytes back, else nothing. A
+/// host failure leaves the rest of the answer unwatched.
+fn edit_answer(
+    exchange: &mut Exchange,
+    shared: &Shared,
+    view: &mut HostView,
+    size: usize,
+    end_of_stream: bool,
+    kept: &mut usize,
+) {
+    let before = std::mem::take(kept);
+    let data = match view.proxy.get_buffer(BufferType::HttpResponseBody, 0, size) {
+        Ok(b) => b.unwrap_or_default(),
+        Err(e) => {
+            log::warn!("incontext: cannot read the answer (host status {})", e.0);
+            exchange.on_response_host_error();
+            return;
+        }
+    };
+    let (passed, fresh) = data.split_at(before.min(data.len()));
+    let mut length = data.len();
+    match exchange.on_response_data(&shared.plugin, view, fresh, end_of_stream) {
+        response::Edit::Keep => {}
+        response::Edit::Replace(out) => {
+            let out = [passed, &out].concat();
+            let replaced = view
+                .proxy
+                .set_buffer(BufferType::HttpResponseBody, 0, data.len(), &out);
+            if let Err(e) = replaced {
+                log::warn!("incontext: cannot replace the answer (host status {})", e.0);
+                exchange.on_response_host_error();
+                return;
+            }
+            length = out.len();
+        }
+    }
+    if exchange.response_holds() {
+        *kept = length;
     }
 }

@@ -414,8 +414,8 @@ pub extern "C" fn proxy_on_response_body(context_id: u32, size: usize, end: bool
 }
 
 #[no_mangle]
-pub extern "C" fn proxy_on_response_trailers(_context_id: u32, _trailers: usize) -> u32 {
-    crate::filter::CONTINUE
+pub extern "C" fn proxy_on_response_trailers(context_id: u32, _trailers: usize) -> u32 {
+    with(|f, p| f.on_response_trailers(p, context_id))
 }
 
 #[no_mangle]

@@ -312,3 +312,38 @@ pub fn has_surrogate_escape(b: &[u8]) -> bool {
     b.windows(3)
         .any(|w| w[0] == b'\\' && w[1] == b'u' && matches!(w[2], b'd' | b'D'))
 }
+
+/// A JSON object's members in order, duplicates kept, keys decoded, values raw.
+pub struct MemberList<'a>(pub Vec<(String, &'a serde_json::value::RawValue)>);
+
+impl<'a> MemberList<'a> {
+    /// The last member called `key` (as a parser that keeps the last duplicate reads it).
+    pub fn last(&self, key: &str) -> Option<&'a serde_json::value::RawValue> {
+        self.0.iter().rev().find(|(k, _)| k == key).map(|(_, v)| *v)
+    }
+}
+
+impl<'de: 'a, 'a> serde::Deserialize<'de> for MemberList<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> serde::de::Visitor<'de> for Visit<'a> {
+            type Value = MemberList<'a>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("an object")
+            }
+            fn visit_map<M: serde::de::MapAccess<'de>>(
+                self,
+                mut m: M,
+            ) -> Result<Self::Value, M::Error> {
+                let mut out = Vec::new();
+                while let Some((k, v)) =
+                    m.next_entry::<String, &'de serde_json::value::RawValue>()?
+                {
+                    out.push((k, v));
+                }
+                Ok(MemberList(out))
+            }
+        }
+        d.deserialize_map(Visit(std::marker::PhantomData))
+    }
+}

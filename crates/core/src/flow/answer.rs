@@ -31,6 +31,11 @@ impl Exchange {
         self.response.on_body(size, end_of_stream)
     }
 
+    /// Whether the filter holds part of the answer (see [`response::Response::holds`]).
+    pub fn response_holds(&self) -> bool {
+        self.response.holds()
+    }
+
     /// The bytes [`response::BodyStep::Read`] asked for: what to send instead, if anything.
     /// A translated window error teaches the context length it names.
     pub fn on_response_data(

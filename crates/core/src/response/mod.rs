@@ -10,6 +10,11 @@
 //!
 //! Successful answers are never held: only error answers are buffered, and only those of
 //! budgeted requests. Each backend's wordings are in its own module (`backend::vllm`, `sglang`, `llamacpp`).
+//!
+//! An answer may end in trailers instead of a last body chunk: the trailers are its end, and
+//! what the filter holds goes out before them, edited as at the end of a body. Bytes added
+//! then must join bytes the host still buffers, so while an editor holds bytes back, the host
+//! keeps what passed the editor before them ([`Response::holds`]).
 
 pub mod errors;
 pub mod stop;
@@ -17,7 +22,7 @@ pub mod usage;
 pub mod window;
 
 pub use errors::Dialect;
-pub use stop::Edit;
+pub use stop::{Edit, Editor};
 pub use window::WindowError;
 
 use crate::config::Backend;
@@ -69,7 +74,8 @@ pub enum HeadStep {
     /// change) and let the headers go; the body is buffered.
     Hold,
     /// An answer whose stop reason may change: remove `content-length`; every chunk is
-    /// handed to [`Response::on_data`] and passes at once.
+    /// handed to [`Response::on_data`] and passes at once, unless the editor holds bytes
+    /// back after it ([`Response::holds`]).
     Watch,
     /// An answer only read (its usage): every chunk is handed to [`Response::on_data`] and
     /// passes at once, unchanged; the headers stay as they are.
@@ -121,12 +127,25 @@ enum Mode {
     Observe,
 }
 
+impl Mode {
+    fn editor(&mut self) -> Option<&mut dyn Editor> {
+        match self {
+            Mode::Json(e) => Some(e),
+            Mode::Sse(e) => Some(e),
+            Mode::Pass | Mode::Error | Mode::Observe => None,
+        }
+    }
+}
+
 /// One answer through the filter.
 #[derive(Debug, Default)]
 pub struct Response {
     mode: Mode,
     /// The answer's usage, while it is looked for.
     usage: Option<usage::Usage>,
+    /// The bytes the host keeps while the editor holds bytes after them (what passed the
+    /// editor since it last held nothing).
+    waiting: usize,
 }
 
 fn is_identity(encoding: Option<&str>) -> bool {
@@ -152,6 +171,7 @@ impl Response {
     ) -> HeadStep {
         self.mode = Mode::Pass;
         self.usage = None;
+        self.waiting = 0;
         let Some(budget) = budget else {
             return HeadStep::Pass;
         };
@@ -219,7 +239,8 @@ impl Response {
     }
 
     /// The bytes [`BodyStep::Read`] asked for: the whole error body at its end, or the
-    /// chunk of a watched answer.
+    /// chunk of a watched answer. At trailers (`end_of_stream`): what the host buffers of an
+    /// error, or nothing new of a watched answer (whatever its editor holds goes then).
     pub fn on_data(&mut self, budget: Option<&Budget>, data: &[u8], end_of_stream: bool) -> Data {
         let usage = match self.usage.as_mut() {
             Some(u) if u.found().is_none() => u.feed(data, end_of_stream),
@@ -232,9 +253,39 @@ impl Response {
     }
 
     fn edit(&mut self, budget: Option<&Budget>, data: &[u8], end_of_stream: bool) -> Data {
-        match &mut self.mode {
-            Mode::Pass | Mode::Observe => Data::keep(),
-            Mode::Error => {
+        let bounded = matches!(self.mode, Mode::Sse(_));
+        if let Some(editor) = self.mode.editor() {
+            let mut edit = editor.chunk(data, end_of_stream);
+            let window_stop = editor.take_edited();
+            let sent = match &edit {
+                Edit::Keep => data.len(),
+                Edit::Replace(r) => r.len(),
+            };
+            // What the host keeps while the editor holds bytes back.
+            let mut waiting = self.waiting.saturating_add(sent);
+            // An SSE stream waits only up to the bound (a JSON body is read whole by its
+            // client anyway): beyond it, everything passes unchanged.
+            if bounded
+                && editor.held() > 0
+                && waiting.saturating_add(editor.held()) > stop::MAX_HELD
+            {
+                let mut out = match edit {
+                    Edit::Keep => data.to_vec(),
+                    Edit::Replace(r) => r,
+                };
+                out.append(&mut editor.release());
+                edit = Edit::Replace(out);
+                waiting = 0;
+            }
+            self.waiting = if editor.held() > 0 { waiting } else { 0 };
+            return Data {
+                edit,
+                window_stop,
+                ..Data::keep()
+            };
+        }
+        match self.mode {
+            Mode::Error if data.len() <= MAX_ERROR_BYTES => {
                 self.mode = Mode::Pass;
                 let Some(budget) = budget else {
                     return Data::keep();
@@ -250,24 +301,26 @@ impl Response {
                     None => Data::keep(),
                 }
             }
-            Mode::Json(editor) => {
-                let edit = editor.chunk(data, end_of_stream);
-                let window_stop = editor.take_edited();
-                Data {
-                    edit,
-                    window_stop,
-                    ..Data::keep()
-                }
+            Mode::Pass | Mode::Observe => Data::keep(),
+            Mode::Error | Mode::Json(_) | Mode::Sse(_) => {
+                self.mode = Mode::Pass;
+                Data::keep()
             }
-            Mode::Sse(editor) => {
-                let edit = editor.chunk(data, end_of_stream);
-                let window_stop = editor.take_edited();
-                Data {
-                    edit,
-                    window_stop,
-                    ..Data::keep()
-                }
-            }
+        }
+    }
+
+    /// Whether the filter holds part of the answer: an error body being buffered, or bytes an
+    /// editor holds back. After a body chunk, the host must then keep that chunk (as edited)
+    /// with what it kept before, and hand only the next chunk's bytes to [`Response::on_data`];
+    /// at the trailers, the glue hands over what the host buffers of an error, or nothing new
+    /// of a watched answer, with `end_of_stream`, and adds what comes back to what the host
+    /// keeps.
+    pub fn holds(&self) -> bool {
+        match &self.mode {
+            Mode::Pass | Mode::Observe => false,
+            Mode::Error => true,
+            Mode::Json(e) => e.held() > 0,
+            Mode::Sse(e) => e.held() > 0,
         }
     }
 }
@@ -630,5 +683,151 @@ mod tests {
                 "{body}"
             );
         }
+    }
+    /// The host as Envoy is to the filter: it buffers what the filter holds (a paused chunk
+    /// stays, and the next one joins it) and hands over the whole buffer. The answer ends with
+    /// its last chunk, or with trailers after it. What the client gets, and the edits counted.
+    fn through(
+        r: &mut Response,
+        b: &Budget,
+        head: &Head,
+        chunks: &[&[u8]],
+        trailers: bool,
+    ) -> (Vec<u8>, usize) {
+        r.on_headers(Some(b), true, head);
+        // The host's buffer; its first `kept` bytes passed the filter already.
+        let (mut out, mut buffer, mut kept, mut edits) = (Vec::new(), Vec::new(), 0, 0);
+        let mut apply = |r: &mut Response, buffer: &mut Vec<u8>, kept: &mut usize, end: bool| {
+            let d = r.on_data(Some(b), &buffer[*kept..], end);
+            edits += usize::from(d.window_stop || d.translated.is_some());
+            if let Edit::Replace(new) = d.edit {
+                buffer.truncate(*kept);
+                buffer.extend_from_slice(&new);
+            }
+            *kept = if r.holds() { buffer.len() } else { 0 };
+        };
+        for (i, chunk) in chunks.iter().enumerate() {
+            buffer.extend_from_slice(chunk);
+            let end = !trailers && i + 1 == chunks.len();
+            match r.on_body(buffer.len(), end) {
+                BodyStep::Continue => {}
+                BodyStep::Buffer => continue,
+                BodyStep::Read => apply(r, &mut buffer, &mut kept, end),
+            }
+            if !r.holds() {
+                out.append(&mut buffer);
+            }
+        }
+        if trailers && r.holds() {
+            apply(r, &mut buffer, &mut kept, true);
+        }
+        out.append(&mut buffer);
+        assert!(!r.holds());
+        (out, edits)
+    }
+
+    #[test]
+    fn held_bytes_wait_in_the_host_and_go_at_the_trailers() {
+        let b = Budget {
+            window_cap: Some(1096),
+            ..budget(Dialect::Anthropic)
+        };
+        let json = r#"{"id":"m","content":[{"type":"text","text":"x"}],"stop_reason":"max_tokens","stop_sequence":null,"usage":{"output_tokens":1096}}"#;
+        let want = json.replace(r#""max_tokens""#, r#""model_context_window_exceeded""#);
+        let head = head(200, "application/json");
+        for trailers in [false, true] {
+            for a in 0..=json.len() {
+                for c in [a, (a + 7).min(json.len()), json.len()] {
+                    let (x, y, z) = (&json[..a], &json[a..c], &json[c..]);
+                    let chunks = [x.as_bytes(), y.as_bytes(), z.as_bytes()];
+                    let got = through(&mut Response::default(), &b, &head, &chunks, trailers);
+                    assert_eq!(got, (want.clone().into_bytes(), 1), "{a} {c} {trailers}");
+                }
+            }
+        }
+        // A chunk before what is held waits in the host with it, and only then.
+        let mut r = Response::default();
+        r.on_headers(Some(&b), true, &head);
+        let at = json.find("\"stop_reason\"").unwrap();
+        assert_eq!(
+            r.on_data(Some(&b), &json.as_bytes()[..9], false),
+            Data::keep()
+        );
+        assert!(!r.holds(), "a value passes at once");
+        let d = r.on_data(Some(&b), &json.as_bytes()[9..at + 4], false);
+        assert_eq!(d.edit, Edit::Replace(json.as_bytes()[9..at].to_vec()));
+        assert!(r.holds());
+        let d = r.on_data(Some(&b), &json.as_bytes()[at + 4..at + 8], false);
+        assert_eq!((d.edit, r.holds()), (Edit::Replace(Vec::new()), true));
+        // Nothing more comes: at the trailers, the tail goes.
+        let d = r.on_data(Some(&b), b"", true);
+        assert_eq!(d.edit, Edit::Replace(json.as_bytes()[at..at + 8].to_vec()));
+        assert!(!r.holds());
+
+        // A CR-framed stream ending in trailers, its last event without a blank line.
+        let sse = "event: message_start\rdata: {}\r\revent: message_delta\rdata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"max_tokens\"},\"usage\":{\"output_tokens\":1096}}";
+        let want = sse.replace(r#""max_tokens""#, r#""model_context_window_exceeded""#);
+        let head_sse = Head {
+            content_type: Some("text/event-stream"),
+            ..head
+        };
+        for a in 0..=sse.len() {
+            let chunks = [&sse.as_bytes()[..a], &sse.as_bytes()[a..]];
+            let got = through(&mut Response::default(), &b, &head_sse, &chunks, true);
+            assert_eq!(got, (want.clone().into_bytes(), 1), "cut {a}");
+        }
+
+        // A window error ending in trailers: translated.
+        let e = Budget {
+            cap: Some(32000),
+            ..budget(Dialect::Anthropic)
+        };
+        let error = head_error();
+        let chunks = [&V32_CAP.as_bytes()[..40], &V32_CAP.as_bytes()[40..]];
+        let (out, translated) = through(&mut Response::default(), &e, &error, &chunks, true);
+        assert_eq!(translated, 1);
+        assert!(message(&out).starts_with("input length and `max_tokens` exceed context limit"));
+    }
+
+    fn head_error() -> Head<'static> {
+        head(400, "application/json")
+    }
+
+    #[test]
+    fn a_stream_waits_in_the_host_only_up_to_the_bound() {
+        let b = Budget {
+            window_cap: Some(8),
+            ..budget(Dialect::Anthropic)
+        };
+        let event = "event: ping\ndata: {\"type\":\"ping\"}\n\n";
+        // Every chunk ends inside an event: the host keeps the events before it.
+        let mut r = Response::default();
+        r.on_headers(Some(&b), true, &head(200, "text/event-stream"));
+        let chunk = [&event.as_bytes()[5..], &event.as_bytes()[..5]].concat();
+        let mut kept = 0;
+        let mut chunks = 0;
+        let last = loop {
+            chunks += 1;
+            let d = r.on_data(Some(&b), &chunk, false);
+            if !r.holds() {
+                break d.edit;
+            }
+            match d.edit {
+                Edit::Replace(sent) => kept += sent.len(),
+                Edit::Keep => panic!("a partial event is held"),
+            }
+        };
+        assert_eq!(chunks, stop::MAX_HELD / event.len() + 1);
+        // Released as it came: the host's bytes, the chunk's and what the editor held.
+        match last {
+            Edit::Replace(sent) => {
+                assert_eq!(kept + sent.len(), chunks * chunk.len());
+                assert!(kept + sent.len() > stop::MAX_HELD);
+            }
+            Edit::Keep => panic!("released"),
+        }
+        // The editor stepped aside.
+        assert_eq!(r.on_data(Some(&b), b"x\n\n", false), Data::keep());
+        assert!(!r.holds());
     }
 }

@@ -3,13 +3,14 @@
 //! filter wrote the cap because of the window and the answer used all of it
 //! (`usage.output_tokens` = that cap, in the same JSON body or the same `message_delta`
 //! event). Answers stream through: complete SSE events pass as they arrive (a partial event
-//! waits for its end, which is when a client reads it); a JSON body passes up to its first
-//! top-level `stop_reason` or `usage` member, and the short rest from there at its end. No
-//! other byte changes. Anything unexpected passes unchanged.
+//! waits for its end, which is when a client reads it; lines end with LF, CRLF or CR alike); a
+//! JSON body passes up to its first top-level `stop_reason` or `usage` member, and the short
+//! rest from there at its end. No other byte changes. Anything unexpected passes unchanged.
 
 use crate::json::find::contains;
 use crate::json::scan::scan;
 use serde_json::Value;
+use std::ops::Range;
 
 /// Anthropic's stop reason when the context window ended the answer.
 pub const WINDOW_STOP: &str = "model_context_window_exceeded";
@@ -26,26 +27,34 @@ pub enum Edit {
     Replace(Vec<u8>),
 }
 
-/// `"max_tokens"` → the window's stop reason at `range` of `text`, when `usage` says the
-/// answer used exactly `cap` tokens.
-fn swap(text: &[u8], range: std::ops::Range<usize>) -> Vec<u8> {
+/// An answer's editor: it reads the answer chunk by chunk and may hold back its last bytes.
+pub trait Editor {
+    /// One chunk of the answer; `end`: the answer ends with it (what is held goes with it).
+    fn chunk(&mut self, chunk: &[u8], end: bool) -> Edit;
+    /// Whether the stop reason was swapped since the last call.
+    fn take_edited(&mut self) -> bool;
+    /// How many bytes it holds back (sent with a later chunk, or at the end).
+    fn held(&self) -> usize;
+    /// Gives up: the bytes it holds, unchanged; everything after passes as it comes.
+    fn release(&mut self) -> Vec<u8>;
+}
+
+/// `text` with `range` replaced by the window's stop reason (a JSON string).
+fn swap(text: &[u8], range: Range<usize>) -> Option<Vec<u8>> {
     let mut out = Vec::with_capacity(text.len() + WINDOW_STOP.len());
-    out.extend_from_slice(&text[..range.start]);
+    out.extend_from_slice(text.get(..range.start)?);
     out.push(b'"');
     out.extend_from_slice(WINDOW_STOP.as_bytes());
     out.push(b'"');
-    out.extend_from_slice(&text[range.end..]);
-    out
+    out.extend_from_slice(text.get(range.end..)?);
+    Some(out)
 }
 
-/// The value range of the last member `key` of the object `text`.
-fn member(text: &[u8], key: &str) -> Option<std::ops::Range<usize>> {
+/// The value of the last member `key` of the object `text`, and its range.
+fn member<'t>(text: &'t [u8], key: &str) -> Option<(&'t [u8], Range<usize>)> {
     let members = scan(text).ok()?;
-    members
-        .iter()
-        .rev()
-        .find(|m| m.key == key)
-        .map(|m| m.value.clone())
+    let range = members.iter().rev().find(|m| m.key == key)?.value.clone();
+    Some((text.get(range.clone())?, range))
 }
 
 /// Whether `usage` (raw JSON) reports exactly `cap` output tokens.
@@ -58,37 +67,29 @@ fn used_all(usage: &[u8], cap: u64) -> bool {
 
 /// An object whose `stop_reason` is at its top level (a Messages answer's tail).
 fn edit_message(object: &[u8], cap: u64) -> Option<Vec<u8>> {
-    let stop = member(object, "stop_reason")?;
-    if &object[stop.clone()] != b"\"max_tokens\""
-        || !used_all(&object[member(object, "usage")?], cap)
-    {
+    let (stop, range) = member(object, "stop_reason")?;
+    if stop != b"\"max_tokens\"" || !used_all(member(object, "usage")?.0, cap) {
         return None;
     }
-    Some(swap(object, stop))
+    swap(object, range)
 }
 
 /// A `message_delta` event's data: `delta.stop_reason` beside `usage`.
 fn edit_delta(data: &[u8], cap: u64) -> Option<Vec<u8>> {
     let members = scan(data).ok()?;
     let get = |key: &str| {
-        members
-            .iter()
-            .rev()
-            .find(|m| m.key == key)
-            .map(|m| m.value.clone())
+        let range = members.iter().rev().find(|m| m.key == key)?.value.clone();
+        Some((data.get(range.clone())?, range))
     };
-    if &data[get("type")?] != b"\"message_delta\"" || !used_all(&data[get("usage")?], cap) {
+    if get("type")?.0 != b"\"message_delta\"" || !used_all(get("usage")?.0, cap) {
         return None;
     }
-    let delta = get("delta")?;
-    let inner = member(&data[delta.clone()], "stop_reason")?;
-    if &data[delta.start + inner.start..delta.start + inner.end] != b"\"max_tokens\"" {
+    let (delta, at) = get("delta")?;
+    let (stop, inner) = member(delta, "stop_reason")?;
+    if stop != b"\"max_tokens\"" {
         return None;
     }
-    Some(swap(
-        data,
-        delta.start + inner.start..delta.start + inner.end,
-    ))
+    swap(data, at.start + inner.start..at.start + inner.end)
 }
 
 /// The JSON answer's editor.
@@ -116,11 +117,6 @@ pub struct Json {
 }
 
 impl Json {
-    /// Whether the stop reason was swapped since the last call.
-    pub fn take_edited(&mut self) -> bool {
-        std::mem::take(&mut self.edited)
-    }
-
     pub fn new(cap: u64) -> Json {
         Json {
             cap,
@@ -172,48 +168,13 @@ impl Json {
                 }
             }
             b'{' | b'[' => {
-                self.depth += 1;
+                self.depth = self.depth.saturating_add(1);
                 self.expect_key = self.depth == 1 && b == b'{';
             }
             b'}' | b']' => self.depth = self.depth.saturating_sub(1),
             b',' if self.depth == 1 => self.expect_key = true,
             _ => {}
         }
-    }
-
-    /// One chunk of the body.
-    pub fn chunk(&mut self, chunk: &[u8], end: bool) -> Edit {
-        if self.off {
-            return Edit::Keep;
-        }
-        let base = self.seen;
-        for (i, &b) in chunk.iter().enumerate() {
-            self.step(b, base + i);
-        }
-        self.seen += chunk.len();
-        let emitted = base - self.held.len();
-        let boundary = self.hold.map_or(self.seen, |(start, _)| start);
-        if self.held.is_empty() && boundary == self.seen {
-            self.off = end;
-            return Edit::Keep;
-        }
-        self.held.extend_from_slice(chunk);
-        let mut out: Vec<u8> = self.held.drain(..boundary - emitted).collect();
-        if end {
-            self.off = true;
-            let held = std::mem::take(&mut self.held);
-            match self.finish(&held) {
-                Some(edited) => {
-                    self.edited = true;
-                    out.extend_from_slice(&edited);
-                }
-                None => out.extend_from_slice(&held),
-            }
-        } else if self.held.len() > MAX_HELD {
-            self.off = true;
-            out.append(&mut self.held);
-        }
-        Edit::Replace(out)
     }
 
     /// The held tail (`"stop_reason":…}`), edited when it decides so.
@@ -225,8 +186,121 @@ impl Json {
         object.push(b'{');
         object.extend_from_slice(held);
         let edited = edit_message(&object, self.cap)?;
-        Some(edited[1..].to_vec())
+        Some(edited.get(1..)?.to_vec())
     }
+}
+
+impl Editor for Json {
+    fn chunk(&mut self, chunk: &[u8], end: bool) -> Edit {
+        if self.off {
+            return Edit::Keep;
+        }
+        let base = self.seen;
+        for (i, &b) in chunk.iter().enumerate() {
+            self.step(b, base.saturating_add(i));
+        }
+        self.seen = base.saturating_add(chunk.len());
+        // Everything before `emitted` was sent; the bytes from `boundary` on are held.
+        let emitted = base.saturating_sub(self.held.len());
+        let boundary = self.hold.map_or(self.seen, |(start, _)| start);
+        if self.held.is_empty() && boundary == self.seen {
+            self.off = end;
+            return Edit::Keep;
+        }
+        self.held.extend_from_slice(chunk);
+        let send = boundary.saturating_sub(emitted).min(self.held.len());
+        let mut out: Vec<u8> = self.held.drain(..send).collect();
+        if end {
+            self.off = true;
+            let held = std::mem::take(&mut self.held);
+            match self.finish(&held) {
+                Some(edited) => {
+                    self.edited = true;
+                    out.extend_from_slice(&edited);
+                }
+                None => out.extend_from_slice(&held),
+            }
+        } else if self.held.len() > MAX_HELD {
+            out.append(&mut self.release());
+        }
+        Edit::Replace(out)
+    }
+
+    fn take_edited(&mut self) -> bool {
+        std::mem::take(&mut self.edited)
+    }
+
+    fn held(&self) -> usize {
+        self.held.len()
+    }
+
+    fn release(&mut self) -> Vec<u8> {
+        self.off = true;
+        std::mem::take(&mut self.held)
+    }
+}
+
+/// The ends of the events in `data`, in order: each just after the blank line that ends it.
+/// Lines end with CRLF, LF or CR (the SSE framing). A CR at the end of `data` ends its line
+/// there; an LF after it, in a later chunk, then reads as a blank line of its own, an empty
+/// event (which nothing edits).
+fn event_ends(data: &[u8]) -> impl Iterator<Item = usize> + '_ {
+    let mut line_start = 0;
+    memchr::memchr2_iter(b'\r', b'\n', data).filter_map(move |at| {
+        if at < line_start {
+            return None; // the LF of a CRLF
+        }
+        let crlf = data.get(at) == Some(&b'\r') && data.get(at + 1) == Some(&b'\n');
+        let end = at + 1 + usize::from(crlf);
+        let blank = at == line_start;
+        line_start = end;
+        blank.then_some(end)
+    })
+}
+
+/// The lines of `event`, each without its end (CRLF, LF or CR).
+fn lines(event: &[u8]) -> Vec<Range<usize>> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    for at in memchr::memchr2_iter(b'\r', b'\n', event) {
+        if at < start {
+            continue; // the LF of a CRLF
+        }
+        out.push(start..at);
+        let crlf = event.get(at) == Some(&b'\r') && event.get(at + 1) == Some(&b'\n');
+        start = at + 1 + usize::from(crlf);
+    }
+    if start < event.len() {
+        out.push(start..event.len());
+    }
+    out
+}
+
+/// One complete event (its lines and the blank line after them), edited when it is the
+/// `message_delta` the rule applies to.
+fn edit_event(event: &[u8], cap: u64) -> Option<Vec<u8>> {
+    let mut data_line: Option<Range<usize>> = None;
+    for line in lines(event) {
+        let text = event.get(line.clone())?;
+        if let Some(rest) = text.strip_prefix(b"data:") {
+            if data_line.is_some() {
+                return None; // a multi-line data field: left as it is
+            }
+            let lead = usize::from(rest.first() == Some(&b' '));
+            data_line = Some(line.start + 5 + lead..line.end);
+        } else if let Some(name) = text.strip_prefix(b"event:") {
+            if name.trim_ascii() != b"message_delta" {
+                return None;
+            }
+        }
+    }
+    let data = data_line?;
+    let edited = edit_delta(event.get(data.clone())?, cap)?;
+    let mut out = Vec::with_capacity(event.len() + WINDOW_STOP.len());
+    out.extend_from_slice(event.get(..data.start)?);
+    out.extend_from_slice(&edited);
+    out.extend_from_slice(event.get(data.end..)?);
+    Some(out)
 }
 
 /// The SSE answer's editor: rewrites the `message_delta` event, then steps aside.
@@ -240,61 +314,7 @@ pub struct Sse {
     edited: bool,
 }
 
-/// The end of the last complete event in `data` (after its blank line).
-fn last_boundary(data: &[u8]) -> Option<usize> {
-    let mut i = data.len();
-    while i >= 2 {
-        i -= 1;
-        if data[i] == b'\n' {
-            if data[i - 1] == b'\n' {
-                return Some(i + 1);
-            }
-            if i >= 2 && data[i - 1] == b'\r' && data[i - 2] == b'\n' {
-                return Some(i + 1);
-            }
-        }
-    }
-    None
-}
-
-/// One complete event (its lines and the blank line after them), edited when it is the
-/// `message_delta` the rule applies to.
-fn edit_event(event: &[u8], cap: u64) -> Option<Vec<u8>> {
-    let mut data_line: Option<(usize, usize)> = None;
-    let mut start = 0;
-    for line in event.split_inclusive(|b| *b == b'\n') {
-        let end = start + line.len();
-        let text = line.strip_suffix(b"\n").unwrap_or(line);
-        let text = text.strip_suffix(b"\r").unwrap_or(text);
-        if let Some(rest) = text.strip_prefix(b"data:") {
-            if data_line.is_some() {
-                return None; // a multi-line data field: left as it is
-            }
-            let lead = usize::from(rest.first() == Some(&b' '));
-            let from = start + 5 + lead;
-            data_line = Some((from, from + rest.len() - lead));
-        } else if let Some(name) = text.strip_prefix(b"event:") {
-            if name.trim_ascii() != b"message_delta" {
-                return None;
-            }
-        }
-        start = end;
-    }
-    let (from, to) = data_line?;
-    let edited = edit_delta(&event[from..to], cap)?;
-    let mut out = Vec::with_capacity(event.len() + WINDOW_STOP.len());
-    out.extend_from_slice(&event[..from]);
-    out.extend_from_slice(&edited);
-    out.extend_from_slice(&event[to..]);
-    Some(out)
-}
-
 impl Sse {
-    /// Whether the stop reason was swapped since the last call.
-    pub fn take_edited(&mut self) -> bool {
-        std::mem::take(&mut self.edited)
-    }
-
     pub fn new(cap: u64) -> Sse {
         Sse {
             cap,
@@ -311,17 +331,20 @@ impl Sse {
             return None;
         }
         let mut start = 0;
-        while start < data.len() {
-            let end = first_boundary(&data[start..]).map_or(data.len(), |e| start + e);
-            let event = &data[start..end];
+        let ends = event_ends(data).chain((!data.is_empty()).then_some(data.len()));
+        for end in ends {
+            if end <= start {
+                continue;
+            }
+            let event = data.get(start..end)?;
             if contains(event, b"message_delta") {
                 if let Some(edited) = edit_event(event, self.cap) {
                     self.off = true;
                     self.edited = true;
                     let mut out = Vec::with_capacity(data.len() + WINDOW_STOP.len());
-                    out.extend_from_slice(&data[..start]);
+                    out.extend_from_slice(data.get(..start)?);
                     out.extend_from_slice(&edited);
-                    out.extend_from_slice(&data[end..]);
+                    out.extend_from_slice(data.get(end..)?);
                     return Some(out);
                 }
             }
@@ -329,9 +352,10 @@ impl Sse {
         }
         None
     }
+}
 
-    /// One chunk of the stream.
-    pub fn chunk(&mut self, chunk: &[u8], end: bool) -> Edit {
+impl Editor for Sse {
+    fn chunk(&mut self, chunk: &[u8], end: bool) -> Edit {
         if self.off {
             if self.carry.is_empty() {
                 return Edit::Keep;
@@ -346,7 +370,7 @@ impl Sse {
         let cut = if end {
             data.len()
         } else {
-            last_boundary(&data).unwrap_or(0)
+            event_ends(&data).last().unwrap_or(0)
         };
         let rest = data.split_off(cut);
         let edited = self.events(&data);
@@ -364,15 +388,19 @@ impl Sse {
             Edit::Replace(out)
         }
     }
-}
 
-/// The end of the first complete event in `data` (after its blank line).
-fn first_boundary(data: &[u8]) -> Option<usize> {
-    (1..data.len()).find_map(|i| {
-        let blank = data[i] == b'\n'
-            && (data[i - 1] == b'\n' || (i >= 2 && data[i - 1] == b'\r' && data[i - 2] == b'\n'));
-        blank.then_some(i + 1)
-    })
+    fn take_edited(&mut self) -> bool {
+        std::mem::take(&mut self.edited)
+    }
+
+    fn held(&self) -> usize {
+        self.carry.len()
+    }
+
+    fn release(&mut self) -> Vec<u8> {
+        self.off = true;
+        std::mem::take(&mut self.carry)
+    }
 }
 
 #[cfg(test)]
@@ -620,5 +648,146 @@ data: {"type":"message_stop"}"#,
         // Data-only events (no event line) are read by their type.
         let bare = "data: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"max_tokens\"},\"usage\":{\"output_tokens\":8}}\n\n";
         assert!(run_sse(8, bare.as_bytes(), &[9]).1);
+    }
+
+    /// `body` (LF-framed) with every line end made `end`.
+    fn framed(body: &str, end: &str) -> String {
+        body.replace('\n', end)
+    }
+
+    #[test]
+    fn sse_lines_end_with_lf_crlf_or_cr_alike() {
+        let body = stream(1096);
+        let want = body.replacen(
+            r#"{"stop_reason":"max_tokens","stop_sequence":null}"#,
+            r#"{"stop_reason":"model_context_window_exceeded","stop_sequence":null}"#,
+            1,
+        );
+        for end in ["\n", "\r\n", "\r"] {
+            let body = framed(&body, end);
+            let want = framed(&want, end);
+            assert_eq!(
+                run_sse(1096, body.as_bytes(), &[]),
+                (want.clone().into_bytes(), true),
+                "{end:?}"
+            );
+            // Split at every byte, and at pairs of places: the same bytes, edited.
+            for a in 0..=body.len() {
+                assert_eq!(
+                    run_sse(1096, body.as_bytes(), &[a]),
+                    (want.clone().into_bytes(), true),
+                    "{end:?} cut {a}"
+                );
+            }
+            for a in (0..body.len()).step_by(11) {
+                for b in (a..body.len()).step_by(13) {
+                    assert_eq!(
+                        run_sse(1096, body.as_bytes(), &[a, b]).0,
+                        want.as_bytes(),
+                        "{end:?} cuts {a} {b}"
+                    );
+                }
+            }
+            // Every event passes when its blank line has arrived, whatever the framing.
+            let mut e = Sse::new(1096);
+            let first = body.find(&format!("{end}{end}")).unwrap() + 2 * end.len();
+            assert_eq!(e.chunk(&body.as_bytes()[..first], false), Edit::Keep);
+            assert_eq!(e.held(), 0, "{end:?}");
+            match e.chunk(&body.as_bytes()[first..first + 9], false) {
+                Edit::Replace(r) => assert!(r.is_empty()),
+                Edit::Keep => panic!("{end:?}: a partial event is held"),
+            }
+            assert_eq!(e.held(), 9);
+        }
+        // Mixed line ends in one stream; a CRLF whose LF comes in the next chunk.
+        let mixed = "event: message_delta\r\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"max_tokens\"},\"usage\":{\"output_tokens\":8}}\r\n\nevent: message_stop\rdata: {}\r\r";
+        let (out, edited) = run_sse(8, mixed.as_bytes(), &[]);
+        assert!(edited);
+        assert_eq!(
+            out,
+            mixed
+                .replace("\"max_tokens\"", "\"model_context_window_exceeded\"")
+                .as_bytes()
+        );
+        let crlf = framed(&stream(1096), "\r\n");
+        let cut = crlf.find("\r\n\r\nevent: message_stop").unwrap() + 3;
+        let mut e = Sse::new(1096);
+        match e.chunk(&crlf.as_bytes()[..cut], false) {
+            Edit::Replace(r) => {
+                assert!(e.take_edited(), "the event ended at the blank line's CR");
+                assert!(r.ends_with(
+                    b"null},\"usage\":{\"input_tokens\":3000,\"output_tokens\":1096}}\r\n\r"
+                ));
+            }
+            Edit::Keep => panic!("the message_delta is edited"),
+        }
+        assert_eq!(e.held(), 0);
+        assert_eq!(e.chunk(&crlf.as_bytes()[cut..], true), Edit::Keep);
+    }
+
+    #[test]
+    fn sse_event_ends_and_lines() {
+        let ends = |d: &str| event_ends(d.as_bytes()).collect::<Vec<_>>();
+        assert_eq!(ends("a\n\nb\r\rc\r\n\r\nd"), [3, 6, 11]);
+        assert_eq!(ends("\n\r\n\r"), [1, 3, 4]);
+        assert_eq!(ends("a\r"), Vec::<usize>::new());
+        assert_eq!(ends("a\r\n\n"), [4]);
+        assert_eq!(ends("a\n\r\n"), [4]);
+        assert_eq!(ends(""), Vec::<usize>::new());
+        let lines = |d: &str| lines(d.as_bytes());
+        assert_eq!(lines("a\r\nbc\rd\ne"), [0..1, 3..5, 6..7, 8..9]);
+        assert_eq!(lines("\na\r\n"), [0..0, 1..2]);
+        assert_eq!(lines(""), Vec::<Range<usize>>::new());
+    }
+
+    #[test]
+    fn what_is_held_goes_at_the_end() {
+        // A JSON body whose last chunk never comes: the end (trailers) releases the tail.
+        let want = JSON.replacen(
+            r#""stop_reason":"max_tokens""#,
+            r#""stop_reason":"model_context_window_exceeded""#,
+            1,
+        );
+        let mut e = Json::new(1096);
+        let at = JSON.find(r#""stop_reason""#).unwrap();
+        let mut out = match e.chunk(JSON.as_bytes(), false) {
+            Edit::Replace(r) => r,
+            Edit::Keep => panic!("the tail is held"),
+        };
+        assert_eq!(out, &JSON.as_bytes()[..at]);
+        assert_eq!(e.held(), JSON.len() - at);
+        match e.chunk(b"", true) {
+            Edit::Replace(r) => out.extend_from_slice(&r),
+            Edit::Keep => panic!("the tail goes"),
+        }
+        assert!(e.take_edited());
+        assert_eq!((out, e.held()), (want.into_bytes(), 0));
+        // A stream whose last event, the message_delta, has no blank line.
+        let full = stream(1096);
+        let body = full[..full.find("event: message_stop").unwrap()].trim_end();
+        let delta = body.len() - body.find("event: message_delta").unwrap();
+        let mut e = Sse::new(1096);
+        let mut out = match e.chunk(body.as_bytes(), false) {
+            Edit::Replace(r) => r,
+            Edit::Keep => panic!("the partial event is held"),
+        };
+        assert_eq!(e.held(), delta);
+        match e.chunk(b"", true) {
+            Edit::Replace(r) => out.extend_from_slice(&r),
+            Edit::Keep => panic!("the partial event goes"),
+        }
+        assert!(e.take_edited());
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            body.replace(
+                r#"{"stop_reason":"max_tokens","#,
+                r#"{"stop_reason":"model_context_window_exceeded","#
+            )
+        );
+        // Released unchanged: everything after passes.
+        let mut e = Json::new(1096);
+        let _ = e.chunk(&JSON.as_bytes()[..at + 5], false);
+        assert_eq!(e.release(), &JSON.as_bytes()[at..at + 5]);
+        assert_eq!((e.held(), e.chunk(b"rest", true)), (0, Edit::Keep));
     }
 }

@@ -96,8 +96,8 @@ pub fn matches(text: &str, pieces: &[Piece]) -> Option<Vec<Capture>> {
                 if digits == 0 || digits > 19 {
                     return None;
                 }
-                let value = rest[..digits].parse::<u64>().ok()?;
-                rest = &rest[digits..];
+                let value = rest.get(..digits)?.parse::<u64>().ok()?;
+                rest = rest.get(digits..)?;
                 out.push(Capture { value, at_least });
             }
             Piece::OneOf(alternatives) => {

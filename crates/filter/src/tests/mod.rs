@@ -111,7 +111,7 @@ impl Proxy for Fake {
             BufferType::HttpCallResponseBody => self.call_answer.as_ref().map(|a| a.1.clone()),
             BufferType::PluginConfiguration => Some(self.config.clone()),
         };
-        Ok(all.map(|b| b[start.min(b.len())..(start + max).min(b.len())].to_vec()))
+        Ok(all.map(|b| b[start.min(b.len())..start.saturating_add(max).min(b.len())].to_vec()))
     }
     fn set_buffer(
         &mut self,
@@ -126,6 +126,7 @@ impl Proxy for Fake {
             BufferType::HttpResponseBody => self.answer_body.get_mut(&self.effective),
             _ => None,
         }
+        // Envoy refuses a body it no longer buffers (Bad Argument).
         .ok_or(HostError(2))?;
         body.splice(start..start + size, value.iter().copied());
         self.events.push(Event::SetBody {
@@ -259,6 +260,14 @@ impl Proxy for Fake {
 }
 
 impl Fake {
+    /// How many times the filter read an answer's body.
+    pub(super) fn answer_reads(&self) -> usize {
+        self.events
+            .iter()
+            .filter(|e| matches!(e, Event::ReadAnswer { .. }))
+            .count()
+    }
+
     /// A metric's value summed over every id defined with its name.
     pub(super) fn metric(&self, name: &str) -> i64 {
         self.metric_names

@@ -70,6 +70,13 @@ def anthropic_tools():
                               "required": list(ps)}} for n, d, ps in TOOLS]
 
 
+# OpenAI agents read a streamed answer to its end, where `stream_options.include_usage` puts
+# the prompt's usage. The bench closes each stream at its first token, so it also asks vLLM to
+# report the usage on every chunk (`continuous_usage_stats`, a vLLM extension): the filter then
+# reads at the first token what a whole answer carries at its end. Every path sends the same.
+STREAM_OPTIONS = {"include_usage": True, "continuous_usage_stats": True}
+
+
 def openai_session(model, tag, turns, seed, cap):
     """The request bodies (dicts) of each turn, streamed, with the caller's cap."""
     messages = [{"role": "system", "content": f"[{tag}] {SYSTEM}"}]
@@ -78,7 +85,8 @@ def openai_session(model, tag, turns, seed, cap):
         if user:
             messages.append({"role": "user", "content": user})
         bodies.append({"model": model, "messages": json.loads(json.dumps(messages)),
-                       "tools": openai_tools(), "max_tokens": cap, "stream": True})
+                       "tools": openai_tools(), "max_tokens": cap, "stream": True,
+                       "stream_options": STREAM_OPTIONS})
         call = f"call_{seed}_{t}"
         messages.append({"role": "assistant", "content": f"Step {t + 1}: using {name}.",
                          "tool_calls": [{"id": call, "type": "function", "function": {

@@ -48,9 +48,13 @@ impl Backend {
 
     /// Whether its counts keep the bound's assumptions (docs/spec.md §15): a byte-level BPE
     /// tokenizer and a template whose conversation renders as its messages do, measured for
-    /// vLLM's `/tokenize`, `count_tokens` and render API. SGLang and llama.cpp: docs/backends.md.
+    /// vLLM's `/tokenize`, `count_tokens` and render API, SGLang's `/tokenize` and llama.cpp's
+    /// counters (docs/backends.md).
     pub fn keeps_the_bound(self) -> bool {
-        matches!(self, Backend::Vllm | Backend::VllmRender)
+        matches!(
+            self,
+            Backend::Vllm | Backend::VllmRender | Backend::Sglang | Backend::Llamacpp
+        )
     }
 }
 

@@ -2,8 +2,12 @@
 //! content for a string prompt;
 //! the per-slot window from `/props`.
 
-use super::{get, messages_count, object, positive, post, Call, CallKind, Counted, Map, Server};
+use super::{
+    get, messages_count, messages_tail, object, positive, post, Call, CallKind, Counted, Map,
+    Server,
+};
 use crate::config::TokenizerConfig;
+use crate::dialect::messages::tail_object;
 use crate::dialect::{responses, Form};
 use crate::json::scan::array_items;
 use crate::request::Request;
@@ -39,6 +43,28 @@ impl Server for Llamacpp {
                 responses::payload(req, body)?,
                 CallKind::InputTokens,
             )),
+        }
+    }
+
+    /// A chat's tail: its counter with those messages alone, without the tools; an Anthropic
+    /// conversation's: its counter.
+    fn tail_call(
+        &self,
+        _t: &TokenizerConfig,
+        req: &Request,
+        body: &[u8],
+        messages: &[u8],
+    ) -> Option<Call> {
+        match req.form {
+            Form::Chat => Some(post(
+                LLAMACPP_CHAT_COUNT_PATH,
+                tail_object(req, body, messages, |k| {
+                    matches!(k, "messages" | "tools" | "tool_choice")
+                })?,
+                CallKind::InputTokens,
+            )),
+            Form::Messages => messages_tail(req, body, messages),
+            Form::Completion | Form::Responses => None,
         }
     }
 

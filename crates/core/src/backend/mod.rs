@@ -70,8 +70,7 @@ trait Server {
     /// parse or the backend cannot count this dialect (the estimate is used then).
     fn count_call(&self, t: &TokenizerConfig, req: &Request, body: &[u8]) -> Option<Call>;
 
-    /// The call that counts a conversation's tail alone (docs/spec.md §15); the skip is
-    /// vLLM's only.
+    /// The call that counts a conversation's tail alone (docs/spec.md §15); none by default.
     fn tail_call(
         &self,
         _t: &TokenizerConfig,
@@ -138,6 +137,12 @@ fn get(path: &str, kind: CallKind) -> Call {
 /// `/v1/messages` does and ignores the members it does not read (max_tokens, stream, ...).
 fn messages_count(body: &[u8]) -> Call {
     post(MESSAGES_COUNT_PATH, body.to_vec(), CallKind::InputTokens)
+}
+
+/// Anthropic's counter for a conversation's tail (every server serves it).
+fn messages_tail(req: &Request, body: &[u8], messages: &[u8]) -> Option<Call> {
+    let tail = crate::dialect::messages::tail_body(req, body, messages)?;
+    Some(post(MESSAGES_COUNT_PATH, tail, CallKind::InputTokens))
 }
 
 /// The window error in a server's error body (its JSON), by `backend`'s wording (docs/spec.md

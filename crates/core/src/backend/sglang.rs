@@ -1,7 +1,7 @@
 //! SGLang: `/tokenize` renders a chat from the members it reads (sent alone) and a prompt
 //! as vLLM's does; the window comes from `/v1/models`.
 
-use super::{messages_count, num, post, Call, CallKind, Server};
+use super::{messages_count, messages_tail, num, post, Call, CallKind, Server};
 use crate::config::TokenizerConfig;
 use crate::dialect::payload;
 use crate::dialect::Form;
@@ -16,11 +16,35 @@ pub(super) struct Sglang;
 impl Server for Sglang {
     fn count_call(&self, t: &TokenizerConfig, req: &Request, body: &[u8]) -> Option<Call> {
         match req.form {
-            Form::Chat => Some(post(&t.path, sglang_chat(req, body)?, CallKind::Tokenize)),
+            Form::Chat => Some(post(
+                &t.path,
+                sglang_chat(req, body, None)?,
+                CallKind::Tokenize,
+            )),
             Form::Completion => Some(post(&t.path, payload(req, body)?, CallKind::Tokenize)),
             Form::Messages => Some(messages_count(body)),
             // SGLang has no renderer of a Responses request: the estimate.
             Form::Responses => None,
+        }
+    }
+
+    /// A chat's tail: `/tokenize` of those messages alone, without the tools; an Anthropic
+    /// conversation's: its counter.
+    fn tail_call(
+        &self,
+        t: &TokenizerConfig,
+        req: &Request,
+        body: &[u8],
+        messages: &[u8],
+    ) -> Option<Call> {
+        match req.form {
+            Form::Chat => Some(post(
+                &t.path,
+                sglang_chat(req, body, Some(messages))?,
+                CallKind::Tokenize,
+            )),
+            Form::Messages => messages_tail(req, body, messages),
+            Form::Completion | Form::Responses => None,
         }
     }
 
@@ -30,8 +54,9 @@ impl Server for Sglang {
 }
 
 /// SGLang's `/tokenize` for a chat: it renders `messages` with `tools` (left out when
-/// `tool_choice` is `"none"`), `reasoning_effort` and `chat_template_kwargs` itself.
-fn sglang_chat(req: &Request, body: &[u8]) -> Option<Vec<u8>> {
+/// `tool_choice` is `"none"`), `reasoning_effort` and `chat_template_kwargs` itself. With
+/// `tail`, those messages alone, without the tools.
+fn sglang_chat(req: &Request, body: &[u8], tail: Option<&[u8]>) -> Option<Vec<u8>> {
     let f = &req.fields;
     let mut out = Vec::with_capacity(
         req.raw_bytes(body, f.messages)
@@ -47,8 +72,13 @@ fn sglang_chat(req: &Request, body: &[u8]) -> Option<Vec<u8>> {
         ("reasoning_effort", f.reasoning_effort),
         ("chat_template_kwargs", f.chat_template_kwargs),
     ] {
-        let Some(raw) = req.raw_bytes(body, idx) else {
-            continue;
+        let raw = match (name, tail) {
+            ("messages", Some(tail)) => tail,
+            ("tools" | "tool_choice", Some(_)) => continue,
+            _ => match req.raw_bytes(body, idx) {
+                Some(raw) => raw,
+                None => continue,
+            },
         };
         if name == "tools" && !raw.starts_with(b"[") {
             continue;

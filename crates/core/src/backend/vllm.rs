@@ -3,7 +3,7 @@
 //! with `--enable-scale-out`; 403 otherwise, a counted failure); `/v1/models` reports
 //! `max_model_len` for the counts that do not.
 
-use super::{messages_count, num, post, Call, CallKind, Counted, Server, MESSAGES_COUNT_PATH};
+use super::{messages_count, messages_tail, num, post, Call, CallKind, Counted, Server};
 use crate::config::{Config, TokenizerConfig};
 use crate::dialect::{chat, payload, responses, Form};
 use crate::request::Request;
@@ -45,11 +45,7 @@ impl Server for Vllm {
                 chat::tail_payload(req, body, std::str::from_utf8(messages).ok()?)?,
                 CallKind::Tokenize,
             )),
-            Form::Messages => Some(post(
-                MESSAGES_COUNT_PATH,
-                crate::dialect::messages::tail_body(req, body, messages)?,
-                CallKind::InputTokens,
-            )),
+            Form::Messages => messages_tail(req, body, messages),
             Form::Completion | Form::Responses => None,
         }
     }

@@ -37,9 +37,19 @@ fn outside_tail(key: &str) -> bool {
 /// `messages`: a JSON array of them) as a conversation of their own (docs/spec.md §15): the
 /// request's other members as they came, without the system prompt and the tools.
 pub fn tail_body(req: &Request, body: &[u8], messages: &[u8]) -> Option<Vec<u8>> {
+    tail_object(req, body, messages, outside_tail)
+}
+
+/// The request's members as they came but those `leave_out` names, then `messages`.
+pub fn tail_object(
+    req: &Request,
+    body: &[u8],
+    messages: &[u8],
+    leave_out: fn(&str) -> bool,
+) -> Option<Vec<u8>> {
     let mut out = Vec::with_capacity(messages.len() + 256);
     out.push(b'{');
-    for m in req.members.iter().filter(|m| !outside_tail(&m.key)) {
+    for m in req.members.iter().filter(|m| !leave_out(&m.key)) {
         out.extend_from_slice(body.get(m.key_start..m.value.end)?);
         out.push(b',');
     }

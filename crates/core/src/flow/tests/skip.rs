@@ -534,3 +534,43 @@ fn a_count_above_its_bound_turns_skipping_off_for_the_route() {
     assert!(matches!(step, Step::Done(Action::Continue)));
     assert_eq!(action(&o2, &other), "unchanged:fits");
 }
+
+#[test]
+fn sglang_and_llamacpp_count_a_tail_with_their_own_counters() {
+    // (backend, the whole count's answer, the tail's path, the tail's answer)
+    let cases = [
+        (
+            "sglang",
+            r#"{"count":24800,"max_model_len":40960}"#,
+            "/tokenize",
+            r#"{"count":120,"max_model_len":40960}"#,
+        ),
+        (
+            "llamacpp",
+            r#"{"input_tokens":24800}"#,
+            "/v1/chat/completions/input_tokens",
+            r#"{"input_tokens":120}"#,
+        ),
+    ];
+    for (backend, whole, path, tail) in cases {
+        let p = plugin(&format!(
+            r#","backend":"{backend}"|,"context_length":40960"#
+        ));
+        let mut host = FakeHost::default();
+        let cap = r#","max_tokens":16000"#;
+        let (mut x, _) = send(&p, &mut host, "/v1/chat/completions", leak(session(1, cap)));
+        reply(&p, &mut host, &mut x, 200, whole);
+        let (mut y, step) = send(&p, &mut host, "/v1/chat/completions", leak(session(2, cap)));
+        assert!(matches!(step, Step::Wait), "{backend}");
+        assert_eq!(host.count(Metric::TailCounts), 1, "{backend}");
+        assert_eq!(host.calls[1].2.path, path, "{backend}");
+        let sent = call_json(&host, 1);
+        let messages = sent["messages"].as_array().unwrap();
+        assert_eq!(messages.len(), 2, "{backend}: the new messages alone");
+        assert_eq!(messages[0]["role"], "assistant", "{backend}");
+        assert!(sent.get("tools").is_none(), "{backend}: {sent}");
+        reply(&p, &mut host, &mut y, 200, tail);
+        assert_eq!(action(&y, &p), "unchanged:fits", "{backend}");
+        assert_eq!(host.calls.len(), 2, "{backend}: no whole count on the path");
+    }
+}

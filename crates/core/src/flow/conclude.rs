@@ -89,8 +89,9 @@ impl Verdict {
             context,
             cap: written.or(caller),
             window_cap,
-            // The answer's usage checks the count (docs/spec.md §15a).
-            usage: matches!(count.source, Source::Exact | Source::Cache),
+            // The answer's usage checks the count, or the bound a cap was written from (docs/spec.md
+            // §15a).
+            usage: matches!(count.source, Source::Exact | Source::Cache | Source::Bound),
         };
         let (prompt, source) = (decision.prompt, decision.source);
         match decision.outcome {

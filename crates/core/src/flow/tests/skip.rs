@@ -153,7 +153,17 @@ fn near_the_edge_the_cap_is_written_from_a_bound_of_exact_counts() {
     assert_eq!(action(&y, &p), "rewritten");
     assert_eq!(header(&y, &p, HEADER_SOURCE).as_deref(), Some("bound"));
     assert_eq!(header(&y, &p, HEADER_PROMPT), Some(p_hi.to_string()));
-    // Checked after the stream, as any request sent on a bound: within 64 of the count.
+    // Its answer is read for its usage, like any request sent on a bound's.
+    let (head, _) = answer(
+        &mut y,
+        &p,
+        &mut host,
+        200,
+        "text/event-stream",
+        &[b"data: {}\n\n"],
+    );
+    assert_eq!(head, response::HeadStep::Observe);
+    // Without usage in it: checked after the stream, within 64 of the count.
     y.on_stream_end(&p, &mut host);
     assert_eq!(call_json(&host, 2)["messages"].as_array().unwrap().len(), 6);
     answer_check(&p, &mut host, &mut y, p_hi - 19);

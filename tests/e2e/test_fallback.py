@@ -192,7 +192,12 @@ def test_reject_mode_exact_insufficient_answers_400(proxy_for, upstream):
     assert res.upstream == [], "a rejected request must not reach the upstream"
     err = res.response.json()
     assert err["error"]["code"] == "context_length_exceeded", err
-    assert isinstance(err["error"].get("message"), str) and err["error"]["message"]
+    assert err["error"]["param"] == "messages", err
+    # OpenAI's own wording, with the prompt and the required output (docs/spec.md §7).
+    assert err["error"]["message"] == (
+        f"This model's maximum context length is {W} tokens. However, your messages resulted "
+        f"in {W + 1} tokens ({W - R + 1} in the messages, {R} in the completion). Please reduce "
+        "the length of the messages or completion."), err
     assert "json" in (res.h("content-type") or "")
     assert res.action == "rejected", res.describe()
     assert res.delta.get("incontext_rejected") == 1, res.delta

@@ -98,6 +98,21 @@ class Report:
                 f"{self.seconds:.0f} s")
 
 
+# How each library is pointed at Envoy (``envoy``: its address, e.g. http://127.0.0.1:10000;
+# docs/agents.md shows these functions verbatim).
+def anthropic_client(envoy: str) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=envoy, api_key="x", max_retries=0, timeout=180)
+
+
+def openai_client(envoy: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=envoy + "/v1", api_key="x", max_retries=0, timeout=180)
+
+
+def litellm_completion(envoy: str, **request):
+    return litellm.completion(model=f"openai/{MODEL}", api_base=envoy + "/v1", api_key="x",
+                              num_retries=0, timeout=180, **request)
+
+
 def short(text: str) -> str:
     return text[:SUMMARY_CHARS] or "(done)"
 
@@ -187,7 +202,7 @@ class AnthropicAgent(Agent):
 
     def __init__(self, url, tag, window):
         super().__init__(url, tag, window)
-        self.client = anthropic.Anthropic(base_url=url, api_key="x", max_retries=0, timeout=180)
+        self.client = anthropic_client(url)
 
     def messages(self):
         out = []
@@ -228,8 +243,7 @@ class OpenAIChatAgent(Agent):
 
     def __init__(self, url, tag, window):
         super().__init__(url, tag, window)
-        self.client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0,
-                                    timeout=180)
+        self.client = openai_client(url)
 
     def send(self, cap):
         try:
@@ -255,8 +269,7 @@ class ResponsesAgent(Agent):
 
     def __init__(self, url, tag, window):
         super().__init__(url, tag, window)
-        self.client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0,
-                                    timeout=180)
+        self.client = openai_client(url)
 
     def default_cap(self):
         return None
@@ -298,9 +311,7 @@ class LiteLLMAgent(Agent):
 
     def send(self, cap):
         try:
-            done = litellm.completion(model=f"openai/{MODEL}", api_base=self.url + "/v1",
-                                      api_key="x", num_retries=0, timeout=180,
-                                      max_tokens=cap, messages=self.chat_messages())
+            done = litellm_completion(self.url, max_tokens=cap, messages=self.chat_messages())
         except litellm.ContextWindowExceededError as e:
             return Signal("context_length_exceeded", str(e))
         except Exception as e:  # noqa: BLE001 - every other error is one the agent cannot act on

@@ -22,6 +22,10 @@ def test_reject_when_less_than_r_remains(vllm, reject):
     assert res.status == 400, res.describe()
     err = res.json()["error"]
     assert err["code"] == "context_length_exceeded", res.describe()
+    assert err["message"] == (
+        f"This model's maximum context length is {C} tokens. However, your messages resulted "
+        f"in {p + R} tokens ({p} in the messages, {R} in the completion). Please reduce the "
+        "length of the messages or completion."), err
     assert res.action == "rejected", res.describe()
     assert res.prompt_tokens_header == p, res.describe()
     assert res.delta.get("incontext_rejected") == 1, res.describe()
@@ -76,5 +80,8 @@ def test_prompt_over_the_window_is_rejected_by_the_filter_not_vllm(vllm, reject)
     res = reject.post(body)
     assert res.status == 400, res.describe()
     assert res.json()["error"]["code"] == "context_length_exceeded", res.describe()
+    assert res.json()["error"]["message"] == (
+        f"This model's maximum context length is {C} tokens. However, your messages resulted "
+        f"in {p} tokens. Please reduce the length of the messages."), res.describe()
     assert res.prompt_tokens_header == p
     assert vllm.http_requests("/v1/chat/completions") == chats_before

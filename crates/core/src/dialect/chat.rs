@@ -104,22 +104,6 @@ pub fn target(req: &Request) -> (Option<usize>, &'static str) {
     }
 }
 
-/// An OpenAI-style error that agents recognise as "compress and retry" (chat and
-/// completions).
-pub fn reject_body(window: u64, prompt: u64, value: i128, required: u64) -> Vec<u8> {
-    let left = value.max(0);
-    let message = format!(
-        "This model's maximum context length is {window} tokens. Your messages use {prompt} tokens, \
-         leaving {left} for the completion, fewer than the {required} required. \
-         Please reduce the length of the messages."
-    );
-    // Only numbers are interpolated: the text needs no JSON escaping.
-    format!(
-        r#"{{"error":{{"message":"{message}","type":"invalid_request_error","param":"messages","code":"context_length_exceeded"}}}}"#
-    )
-    .into_bytes()
-}
-
 /// The raw text of a member's key (with quotes).
 fn key_text<'a>(object: &'a str, m: &Member) -> &'a str {
     let between = &object[m.key_start..m.value.start];

@@ -14,6 +14,7 @@ use crate::config::Config;
 use crate::json::scan::Member;
 use crate::reason::Reason;
 use crate::request::{Counting, Fields, Request};
+use crate::response::errors;
 
 /// The request dialect. It decides how caps are read and written, how the prompt is counted
 /// and estimated, and how a rejection looks.
@@ -172,13 +173,14 @@ impl Form {
         }
     }
 
-    /// The answer to a request rejected for want of room: W, P, the value the rule found and
-    /// the required minimum.
-    pub fn reject_body(self, window: u64, prompt: u64, value: i128, required: u64) -> Vec<u8> {
+    /// The answer to a request rejected for want of room: W, P, the value the rule found (no
+    /// dialect's answer names it) and the required minimum.
+    pub fn reject_body(self, window: u64, prompt: u64, _value: i128, required: u64) -> Vec<u8> {
         match self {
-            Form::Chat | Form::Completion => chat::reject_body(window, prompt, value, required),
             Form::Messages => messages::reject_body(window, prompt, required),
-            Form::Responses => responses::reject_body(window, prompt, required),
+            Form::Chat | Form::Completion | Form::Responses => {
+                errors::no_room(errors::Dialect::of(self), window, prompt, required)
+            }
         }
     }
 }

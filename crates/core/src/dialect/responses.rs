@@ -11,7 +11,6 @@ use crate::estimate::estimate as rough;
 use crate::json::scan::Member;
 use crate::reason::Reason;
 use crate::request::{raw, Fields, Request};
-use crate::response::errors::{self, Dialect};
 
 /// Only `max_output_tokens` is a cap here (vLLM's Responses API reads no other).
 pub fn is_cap(field: CapField) -> bool {
@@ -81,16 +80,6 @@ pub fn key_parts<'a>(req: &'a Request, body: &'a [u8]) -> impl Iterator<Item = &
         .enumerate()
         .filter(|(i, m)| counted(req, *i, m))
         .filter_map(|(_, m)| body.get(m.key_start..m.value.end))
-}
-
-/// OpenAI's window error (docs/spec.md §13) with `param` `input`: the prompt alone exceeds
-/// the window, or the prompt and the required output together do.
-pub fn reject_body(window: u64, prompt: u64, required: u64) -> Vec<u8> {
-    if prompt >= window {
-        errors::prompt_too_long(Dialect::Responses, prompt, window)
-    } else {
-        errors::prompt_and_cap_too_long(Dialect::Responses, prompt, required, window)
-    }
 }
 
 #[cfg(test)]
@@ -176,22 +165,5 @@ mod tests {
         ]);
         assert_eq!(r.estimate(body.as_bytes()), Some(all));
         assert!(!r.text_only(body.as_bytes()));
-    }
-
-    #[test]
-    fn reject_is_openai_s_window_error_on_input() {
-        let v: Value = serde_json::from_slice(&reject_body(4096, 4000, 4096)).unwrap();
-        assert_eq!(v["error"]["code"], "context_length_exceeded");
-        assert_eq!(v["error"]["param"], "input");
-        assert_eq!(v["error"]["type"], "invalid_request_error");
-        assert_eq!(
-            v["error"]["message"],
-            "This model's maximum context length is 4096 tokens. However, your messages resulted in 8096 tokens (4000 in the messages, 4096 in the completion). Please reduce the length of the messages or completion."
-        );
-        let v: Value = serde_json::from_slice(&reject_body(4096, 5009, 4096)).unwrap();
-        assert_eq!(
-            v["error"]["message"],
-            "This model's maximum context length is 4096 tokens. However, your messages resulted in 5009 tokens. Please reduce the length of the messages."
-        );
     }
 }

@@ -56,6 +56,17 @@ pub fn prompt_and_cap_too_long(dialect: Dialect, prompt: u64, cap: u64, context:
     }
 }
 
+/// Reject mode's answer in an OpenAI dialect (docs/spec.md §7, §14): fewer than `required`
+/// output tokens are left in the window W. The prompt alone when P ≥ W, else the prompt and
+/// the required output.
+pub fn no_room(dialect: Dialect, window: u64, prompt: u64, required: u64) -> Vec<u8> {
+    if prompt >= window {
+        prompt_too_long(dialect, prompt, window)
+    } else {
+        prompt_and_cap_too_long(dialect, prompt, required, window)
+    }
+}
+
 fn anthropic(message: &str) -> Vec<u8> {
     format!(
         r#"{{"type":"error","error":{{"type":"invalid_request_error","message":"{message}"}}}}"#
@@ -121,6 +132,27 @@ mod tests {
                 v["error"]["message"],
                 "This model's maximum context length is 4096 tokens. However, your messages resulted in 5000 tokens (3000 in the messages, 2000 in the completion). Please reduce the length of the messages or completion."
             );
+        }
+    }
+
+    #[test]
+    fn reject_mode_answers_openai_s_window_error() {
+        for (d, param) in [(Dialect::OpenAi, "messages"), (Dialect::Responses, "input")] {
+            let v = json(&no_room(d, 4096, 4000, 4096));
+            assert_eq!(v["error"]["code"], "context_length_exceeded");
+            assert_eq!(v["error"]["param"], param);
+            assert_eq!(v["error"]["type"], "invalid_request_error");
+            assert_eq!(
+                v["error"]["message"],
+                "This model's maximum context length is 4096 tokens. However, your messages resulted in 8096 tokens (4000 in the messages, 4096 in the completion). Please reduce the length of the messages or completion."
+            );
+            for prompt in [4096, 5009] {
+                let v = json(&no_room(d, 4096, prompt, 4096));
+                assert_eq!(
+                    v["error"]["message"],
+                    format!("This model's maximum context length is 4096 tokens. However, your messages resulted in {prompt} tokens. Please reduce the length of the messages.")
+                );
+            }
         }
     }
 }

@@ -118,14 +118,10 @@ pub fn decide(
         }
     }
     let inputs = Inputs {
-        window: w,
-        context: c,
-        reserve: config.min_output_tokens,
-        margin: config.fallback_margin_tokens,
-        prompt,
         exact,
         cap: req.cap.map(|c| c.value),
         truncate: req.truncate,
+        ..Inputs::of(config, (w, c), prompt)
     };
     let outcome = match evaluate(&inputs) {
         Verdict::Rewrite(value) => match req.form.companion_edit(req, body, value) {

@@ -31,6 +31,24 @@ pub enum Verdict {
 }
 
 impl Inputs {
+    /// The rule's inputs for a request of `config` with W and C known.
+    pub fn of(
+        config: &crate::config::Config,
+        (window, context): (u64, u64),
+        prompt: u64,
+    ) -> Inputs {
+        Inputs {
+            window,
+            context,
+            reserve: config.min_output_tokens,
+            margin: config.fallback_margin_tokens,
+            prompt,
+            exact: true,
+            cap: None,
+            truncate: None,
+        }
+    }
+
     /// 0 for an exact P, else F.
     pub fn margin(&self) -> u64 {
         if self.exact {

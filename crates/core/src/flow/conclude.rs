@@ -185,14 +185,8 @@ impl Verdict {
         match windows {
             Some((w, c)) if reject => {
                 let inputs = Inputs {
-                    window: w,
-                    context: c,
-                    reserve: config.min_output_tokens,
-                    margin: config.fallback_margin_tokens,
-                    prompt,
-                    exact: true,
                     cap: caller,
-                    truncate: None,
+                    ..Inputs::of(config, (w, c), prompt)
                 };
                 Verdict::Rejected {
                     prompt,

@@ -64,7 +64,7 @@ WASM_TYPE = "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm"
 # The header each agent sends with every request of a session, one value all session long
 # (Claude Code, Codex CLI, OpenCode): the layouts that keep a session on one replica hash on
 # them, in this order.
-SESSION_HEADERS = ("x-claude-code-session-id", "session-id", "x-opencode-session")
+SESSION_HEADERS = ("x-claude-code-session-id", "session-id", "x-session-id")
 HCM_TYPE = ("type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3."
             "HttpConnectionManager")
 

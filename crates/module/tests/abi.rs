@@ -1,4 +1,4 @@
-//! The hand-written bindings (src/abi.rs) against Envoy's declarations (abi/bound.h, an
+//! The hand-written bindings (src/abi.rs and its hooks) against Envoy's declarations (abi/bound.h, an
 //! excerpt of Envoy's abi.h at a pinned commit, written by scripts/module-abi.py): the ABI
 //! version, every typedef, enumerator, struct and function signature, both ways. Each C type
 //! `envoy_dynamic_module_type_<x>` is the Rust type `<X>` (camel case); `T*` is `*mut T`,
@@ -9,7 +9,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 const BOUND: &str = include_str!("../abi/bound.h");
-const RUST: &str = include_str!("../src/abi.rs");
+const RUST: &str = concat!(
+    include_str!("../src/abi.rs"),
+    include_str!("../src/abi/hooks.rs")
+);
 const LIB: &str = include_str!("../src/lib.rs");
 const PREFIX: &str = "envoy_dynamic_module_type_";
 

@@ -11,6 +11,7 @@
 
 use crate::filter::{Filter, CONTINUE, PAUSE};
 
+mod answers;
 mod callbacks;
 mod faults;
 use crate::logger;

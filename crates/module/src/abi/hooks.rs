@@ -1,0 +1,411 @@
+//! The event hooks Envoy calls: each hands its callback to the configuration or the stream,
+//! under [`Stream::guard`].
+
+use super::*;
+
+const ABI_VERSION_C: &CStr = c"v0.1.0";
+
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_program_init() -> AbiVersionModulePtr {
+    if log::set_logger(&LOG).is_ok() {
+        log::set_max_level(log::LevelFilter::Trace);
+    }
+    // A panic's message could quote a request: only where it happened is logged.
+    std::panic::set_hook(Box::new(|info| {
+        log::error!("{}", incontext_core::panic_line(info.location()));
+    }));
+    ABI_VERSION_C.as_ptr()
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_new(
+    filter_config_envoy_ptr: HttpFilterConfigEnvoyPtr,
+    name: EnvoyBuffer,
+    config: EnvoyBuffer,
+) -> HttpFilterConfigModulePtr {
+    let (name, config) = (envoy_bytes(name), envoy_bytes(config));
+    let loaded = catch_unwind(AssertUnwindSafe(|| {
+        let mut define = ConfigDefine(filter_config_envoy_ptr);
+        config::load(&mut define, name, config, |v| std::env::var(v).ok())
+    }));
+    match loaded {
+        Ok(Ok(shared)) => Box::into_raw(Box::new(Arc::new(shared)))
+            .cast_const()
+            .cast(),
+        Ok(Err(line)) => {
+            log::error!("{line}");
+            null()
+        }
+        Err(_) => null(),
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_destroy(
+    filter_config_ptr: HttpFilterConfigModulePtr,
+) {
+    if !filter_config_ptr.is_null() {
+        let config = Box::from_raw(filter_config_ptr.cast::<Arc<Shared>>().cast_mut());
+        let _ = catch_unwind(AssertUnwindSafe(move || drop(config)));
+    }
+}
+
+/// Per-route configurations are not supported: Envoy refuses one.
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_per_route_config_new(
+    _name: EnvoyBuffer,
+    _config: EnvoyBuffer,
+) -> HttpFilterPerRouteConfigModulePtr {
+    log::error!("incontext: per-route configurations are not supported");
+    null()
+}
+
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_per_route_config_destroy(
+    _filter_config_ptr: HttpFilterPerRouteConfigModulePtr,
+) {
+}
+
+/// A stream as Envoy holds it for the module. Envoy may end a stream inside a callback the
+/// stream made (a local reply): its destruction then waits until that hook returns.
+struct Slot {
+    busy: Cell<bool>,
+    doomed: Cell<bool>,
+    stream: UnsafeCell<Stream>,
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_new(
+    filter_config_ptr: HttpFilterConfigModulePtr,
+    _filter_envoy_ptr: HttpFilterEnvoyPtr,
+) -> HttpFilterModulePtr {
+    if filter_config_ptr.is_null() {
+        return null();
+    }
+    let shared = &*filter_config_ptr.cast::<Arc<Shared>>();
+    let made = catch_unwind(AssertUnwindSafe(|| {
+        Box::new(Slot {
+            busy: Cell::new(false),
+            doomed: Cell::new(false),
+            stream: UnsafeCell::new(Stream::new(shared.clone())),
+        })
+    }));
+    match made {
+        Ok(slot) => Box::into_raw(slot).cast_const().cast(),
+        Err(_) => null(),
+    }
+}
+
+/// Runs a hook on the stream behind a module pointer, with Envoy's filter for this hook;
+/// `None` for a null pointer.
+///
+/// # Safety
+/// `module` must be a pointer `on_http_filter_new` returned and not yet destroyed.
+unsafe fn on_stream<T>(
+    envoy: HttpFilterEnvoyPtr,
+    module: HttpFilterModulePtr,
+    in_body: Option<Body>,
+    hook: impl FnOnce(&mut Stream, &mut Filter) -> T,
+) -> Option<T> {
+    let slot = module.cast::<Slot>().as_ref()?;
+    if slot.busy.get() {
+        // Envoy calls no hook of a stream inside another.
+        return None;
+    }
+    slot.busy.set(true);
+    let mut filter = Filter {
+        ptr: envoy,
+        in_body,
+    };
+    // SAFETY: only this hook reaches the stream: `busy` keeps every other out, and a
+    // destruction meanwhile only marks the slot.
+    let out = hook(&mut *slot.stream.get(), &mut filter);
+    slot.busy.set(false);
+    if slot.doomed.get() {
+        free(module);
+    }
+    Some(out)
+}
+
+/// # Safety
+/// As for [`on_stream`]; the pointer is not used again.
+unsafe fn free(module: HttpFilterModulePtr) {
+    let slot = Box::from_raw(module.cast::<Slot>().cast_mut());
+    let _ = catch_unwind(AssertUnwindSafe(move || {
+        slot.stream.into_inner().destroyed()
+    }));
+}
+
+/// A header hook: what the stream answers; Continue without a stream or after a panic.
+///
+/// # Safety
+/// As for [`on_stream`].
+unsafe fn on_headers(
+    envoy: HttpFilterEnvoyPtr,
+    module: HttpFilterModulePtr,
+    run: impl FnOnce(&mut Stream, &mut dyn Envoy) -> HeadStatus,
+) -> HeadStatus {
+    on_stream(envoy, module, None, |s, f| {
+        s.guard(f, HeadStatus::Continue, false, run)
+    })
+    .unwrap_or(HeadStatus::Continue)
+}
+
+/// A body hook, likewise.
+///
+/// # Safety
+/// As for [`on_stream`].
+unsafe fn on_body(
+    envoy: HttpFilterEnvoyPtr,
+    module: HttpFilterModulePtr,
+    body: Body,
+    run: impl FnOnce(&mut Stream, &mut dyn Envoy) -> DataStatus,
+) -> DataStatus {
+    on_stream(envoy, module, Some(body), |s, f| {
+        s.guard(f, DataStatus::Continue, false, run)
+    })
+    .unwrap_or(DataStatus::Continue)
+}
+
+/// Envoy's header statuses (the request's and the response's have the same values).
+fn head_status(status: HeadStatus) -> u32 {
+    match status {
+        HeadStatus::Continue => {
+            envoy_dynamic_module_type_on_http_filter_request_headers_status_Continue
+        }
+        HeadStatus::Stop => {
+            envoy_dynamic_module_type_on_http_filter_request_headers_status_StopIteration
+        }
+    }
+}
+
+/// Envoy's body statuses (likewise).
+fn data_status(status: DataStatus) -> u32 {
+    match status {
+        DataStatus::Continue => {
+            envoy_dynamic_module_type_on_http_filter_request_body_status_Continue
+        }
+        DataStatus::Buffer => {
+            envoy_dynamic_module_type_on_http_filter_request_body_status_StopIterationAndBuffer
+        }
+        DataStatus::Stop => {
+            envoy_dynamic_module_type_on_http_filter_request_body_status_StopIterationNoBuffer
+        }
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_request_headers(
+    filter_envoy_ptr: HttpFilterEnvoyPtr,
+    filter_module_ptr: HttpFilterModulePtr,
+    end_of_stream: bool,
+) -> OnHttpFilterRequestHeadersStatus {
+    head_status(on_headers(filter_envoy_ptr, filter_module_ptr, |s, e| {
+        s.request_headers(e, end_of_stream)
+    }))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_request_body(
+    filter_envoy_ptr: HttpFilterEnvoyPtr,
+    filter_module_ptr: HttpFilterModulePtr,
+    end_of_stream: bool,
+) -> OnHttpFilterRequestBodyStatus {
+    data_status(on_body(
+        filter_envoy_ptr,
+        filter_module_ptr,
+        Body::Request,
+        |s, e| s.request_body(e, end_of_stream),
+    ))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_request_trailers(
+    filter_envoy_ptr: HttpFilterEnvoyPtr,
+    filter_module_ptr: HttpFilterModulePtr,
+) -> OnHttpFilterRequestTrailersStatus {
+    on_stream(filter_envoy_ptr, filter_module_ptr, None, |s, f| {
+        s.guard(f, (), false, |s, e| s.request_trailers(e))
+    });
+    envoy_dynamic_module_type_on_http_filter_request_trailers_status_Continue
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_response_headers(
+    filter_envoy_ptr: HttpFilterEnvoyPtr,
+    filter_module_ptr: HttpFilterModulePtr,
+    end_of_stream: bool,
+) -> OnHttpFilterResponseHeadersStatus {
+    head_status(on_headers(filter_envoy_ptr, filter_module_ptr, |s, e| {
+        s.response_headers(e, end_of_stream)
+    }))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_response_body(
+    filter_envoy_ptr: HttpFilterEnvoyPtr,
+    filter_module_ptr: HttpFilterModulePtr,
+    end_of_stream: bool,
+) -> OnHttpFilterResponseBodyStatus {
+    data_status(on_body(
+        filter_envoy_ptr,
+        filter_module_ptr,
+        Body::Response,
+        |s, e| s.response_body(e, end_of_stream),
+    ))
+}
+
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_response_trailers(
+    _filter_envoy_ptr: HttpFilterEnvoyPtr,
+    _filter_module_ptr: HttpFilterModulePtr,
+) -> OnHttpFilterResponseTrailersStatus {
+    envoy_dynamic_module_type_on_http_filter_response_trailers_status_Continue
+}
+
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_stream_complete(
+    _filter_envoy_ptr: HttpFilterEnvoyPtr,
+    _filter_module_ptr: HttpFilterModulePtr,
+) {
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_destroy(
+    filter_module_ptr: HttpFilterModulePtr,
+) {
+    let Some(slot) = filter_module_ptr.cast::<Slot>().as_ref() else {
+        return;
+    };
+    if slot.busy.get() {
+        slot.doomed.set(true);
+    } else {
+        free(filter_module_ptr);
+    }
+}
+
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_http_callout_done(
+    filter_envoy_ptr: HttpFilterEnvoyPtr,
+    filter_module_ptr: HttpFilterModulePtr,
+    callout_id: u64,
+    result: HttpCalloutResult,
+    headers: *mut EnvoyHttpHeader,
+    headers_size: usize,
+    body_chunks: *mut EnvoyBuffer,
+    body_chunks_size: usize,
+) {
+    let headers = envoy_list(headers.cast_const(), headers_size);
+    let chunks = envoy_list(body_chunks.cast_const(), body_chunks_size);
+    let answer = |s: &mut Stream, e: &mut dyn Envoy| {
+        let status = (result == envoy_dynamic_module_type_http_callout_result_Success)
+            .then(|| {
+                headers.iter().find_map(|h| {
+                    let key = envoy_bytes(EnvoyBuffer {
+                        ptr: h.key_ptr,
+                        length: h.key_length,
+                    });
+                    let value = envoy_bytes(EnvoyBuffer {
+                        ptr: h.value_ptr,
+                        length: h.value_length,
+                    });
+                    (key == b":status")
+                        .then(|| std::str::from_utf8(value).ok()?.trim().parse::<u16>().ok())
+                        .flatten()
+                })
+            })
+            .flatten();
+        let size: usize = chunks.iter().map(|c| c.length).sum();
+        let mut body = Vec::new();
+        if size <= incontext_core::flow::MAX_REPLY_BYTES {
+            body.reserve(size);
+            for c in chunks {
+                body.extend_from_slice(envoy_bytes(*c));
+            }
+        }
+        let answer = CallAnswer {
+            status,
+            size,
+            body: &body,
+        };
+        s.callout_done(e, callout_id, &answer)
+    };
+    on_stream(filter_envoy_ptr, filter_module_ptr, None, |s, f| {
+        s.guard(f, (), true, answer)
+    });
+}
+
+// Hooks Envoy requires of every HTTP filter module; incontext starts no streams, schedules
+// nothing and does not follow the client's write buffer.
+
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_headers(
+    _filter_envoy_ptr: HttpFilterEnvoyPtr,
+    _filter_module_ptr: HttpFilterModulePtr,
+    _stream_id: u64,
+    _headers: *mut EnvoyHttpHeader,
+    _headers_size: usize,
+    _end_stream: bool,
+) {
+}
+
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_data(
+    _filter_envoy_ptr: HttpFilterEnvoyPtr,
+    _filter_module_ptr: HttpFilterModulePtr,
+    _stream_id: u64,
+    _data: *const EnvoyBuffer,
+    _data_count: usize,
+    _end_stream: bool,
+) {
+}
+
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_trailers(
+    _filter_envoy_ptr: HttpFilterEnvoyPtr,
+    _filter_module_ptr: HttpFilterModulePtr,
+    _stream_id: u64,
+    _trailers: *mut EnvoyHttpHeader,
+    _trailers_size: usize,
+) {
+}
+
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_complete(
+    _filter_envoy_ptr: HttpFilterEnvoyPtr,
+    _filter_module_ptr: HttpFilterModulePtr,
+    _stream_id: u64,
+) {
+}
+
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_reset(
+    _filter_envoy_ptr: HttpFilterEnvoyPtr,
+    _filter_module_ptr: HttpFilterModulePtr,
+    _stream_id: u64,
+    _reason: HttpStreamResetReason,
+) {
+}
+
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_scheduled(
+    _filter_envoy_ptr: HttpFilterEnvoyPtr,
+    _filter_module_ptr: HttpFilterModulePtr,
+    _event_id: u64,
+) {
+}
+
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_downstream_above_write_buffer_high_watermark(
+    _filter_envoy_ptr: HttpFilterEnvoyPtr,
+    _filter_module_ptr: HttpFilterModulePtr,
+) {
+}
+
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_downstream_below_write_buffer_low_watermark(
+    _filter_envoy_ptr: HttpFilterEnvoyPtr,
+    _filter_module_ptr: HttpFilterModulePtr,
+) {
+}

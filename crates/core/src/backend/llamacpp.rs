@@ -3,8 +3,7 @@
 //! the per-slot window from `/props`.
 
 use super::{
-    get, messages_count, messages_tail, object, positive, post, Call, CallKind, Counted, Map,
-    Server,
+    get, messages_count, object, positive, post, tail_of, Call, CallKind, Counted, Map, Server,
 };
 use crate::config::TokenizerConfig;
 use crate::dialect::messages::tail_object;
@@ -55,17 +54,15 @@ impl Server for Llamacpp {
         body: &[u8],
         messages: &[u8],
     ) -> Option<Call> {
-        match req.form {
-            Form::Chat => Some(post(
+        tail_of(req, body, messages, || {
+            Some(post(
                 LLAMACPP_CHAT_COUNT_PATH,
                 tail_object(req, body, messages, |k| {
                     matches!(k, "messages" | "tools" | "tool_choice")
                 })?,
                 CallKind::InputTokens,
-            )),
-            Form::Messages => messages_tail(req, body, messages),
-            Form::Completion | Form::Responses => None,
-        }
+            ))
+        })
     }
 
     fn window_call(&self) -> Call {

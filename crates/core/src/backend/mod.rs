@@ -139,10 +139,23 @@ fn messages_count(body: &[u8]) -> Call {
     post(MESSAGES_COUNT_PATH, body.to_vec(), CallKind::InputTokens)
 }
 
-/// Anthropic's counter for a conversation's tail (every server serves it).
-fn messages_tail(req: &Request, body: &[u8], messages: &[u8]) -> Option<Call> {
-    let tail = crate::dialect::messages::tail_body(req, body, messages)?;
-    Some(post(MESSAGES_COUNT_PATH, tail, CallKind::InputTokens))
+/// The call that counts a conversation's tail (its messages after the counted prefix,
+/// `messages`): `chat` for a chat's; Anthropic's counter, which every server serves, for an
+/// Anthropic conversation's; none for the other forms.
+fn tail_of(
+    req: &Request,
+    body: &[u8],
+    messages: &[u8],
+    chat: impl FnOnce() -> Option<Call>,
+) -> Option<Call> {
+    match req.form {
+        Form::Chat => chat(),
+        Form::Messages => {
+            let tail = crate::dialect::messages::tail_body(req, body, messages)?;
+            Some(post(MESSAGES_COUNT_PATH, tail, CallKind::InputTokens))
+        }
+        Form::Completion | Form::Responses => None,
+    }
 }
 
 /// The window error in a server's error body (its JSON), by `backend`'s wording (docs/spec.md

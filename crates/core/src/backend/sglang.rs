@@ -1,7 +1,7 @@
 //! SGLang: `/tokenize` renders a chat from the members it reads (sent alone) and a prompt
 //! as vLLM's does; the window comes from `/v1/models`.
 
-use super::{messages_count, messages_tail, num, post, Call, CallKind, Server};
+use super::{messages_count, num, post, tail_of, Call, CallKind, Server};
 use crate::config::TokenizerConfig;
 use crate::dialect::payload;
 use crate::dialect::Form;
@@ -37,15 +37,13 @@ impl Server for Sglang {
         body: &[u8],
         messages: &[u8],
     ) -> Option<Call> {
-        match req.form {
-            Form::Chat => Some(post(
+        tail_of(req, body, messages, || {
+            Some(post(
                 &t.path,
                 sglang_chat(req, body, Some(messages))?,
                 CallKind::Tokenize,
-            )),
-            Form::Messages => messages_tail(req, body, messages),
-            Form::Completion | Form::Responses => None,
-        }
+            ))
+        })
     }
 
     fn window_error(&self, body: &Value) -> Option<WindowError> {

@@ -3,7 +3,7 @@
 //! with `--enable-scale-out`; 403 otherwise, a counted failure); `/v1/models` reports
 //! `max_model_len` for the counts that do not.
 
-use super::{messages_count, messages_tail, num, post, Call, CallKind, Counted, Server};
+use super::{messages_count, num, post, tail_of, Call, CallKind, Counted, Server};
 use crate::config::{Config, TokenizerConfig};
 use crate::dialect::{chat, payload, responses, Form};
 use crate::request::Request;
@@ -39,15 +39,13 @@ impl Server for Vllm {
         body: &[u8],
         messages: &[u8],
     ) -> Option<Call> {
-        match req.form {
-            Form::Chat => Some(post(
+        tail_of(req, body, messages, || {
+            Some(post(
                 &t.path,
                 chat::tail_payload(req, body, std::str::from_utf8(messages).ok()?)?,
                 CallKind::Tokenize,
-            )),
-            Form::Messages => messages_tail(req, body, messages),
-            Form::Completion | Form::Responses => None,
-        }
+            ))
+        })
     }
 
     /// `/tokenize` answers carry `max_model_len`; Anthropic's counter and the renderer do not.

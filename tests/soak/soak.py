@@ -85,6 +85,10 @@ def plugin_config() -> dict:
         "min_output_tokens": R,
         "fallback_margin_tokens": F,
         "cache_entries": CACHE_ENTRIES,
+        # The soak drives the count's path under a flapping tokenizer: every budgeted request
+        # is counted (or estimated), so its counter identities hold exactly. Skipping, on by
+        # default, has its own suites (tests/e2e/test_skip.py, tests/sessions/test_skip.py).
+        "skip_count": False,
     }
 
 

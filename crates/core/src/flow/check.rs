@@ -25,13 +25,9 @@ pub struct Sent {
 pub fn start(ctx: &mut Ctx, pending: Box<Pending>, bound: u64, band: bool) -> Option<Waiting> {
     let call = backend::count_call(ctx.config(), &pending.req, &pending.body)?;
     let awaited = Awaited::Check { bound, band };
-    match count::send(ctx, pending, &call, awaited) {
-        Ok(super::exchange::Next::Wait(waiting)) => {
-            ctx.count(Metric::BoundChecks);
-            Some(waiting)
-        }
-        _ => None,
-    }
+    let waiting = count::send(ctx, pending, &call, awaited).ok()?;
+    ctx.count(Metric::BoundChecks);
+    Some(waiting)
 }
 
 /// The count of a request sent on a bound: stored, and held against its bound. A count above

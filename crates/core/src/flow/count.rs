@@ -82,7 +82,8 @@ fn cached(ctx: &mut Ctx, req: Request, body: Vec<u8>) -> Next {
         Some(proof::Proof::Fits(p_hi)) => Next::Send(pending, p_hi),
         Some(proof::Proof::Tail(call, awaited)) => {
             ctx.count(Metric::TailCounts);
-            send(ctx, pending, &call, awaited).unwrap_or_else(|pending| whole(ctx, pending))
+            send(ctx, pending, &call, awaited)
+                .map_or_else(|pending| whole(ctx, pending), Next::Wait)
         }
         None => whole(ctx, pending),
     }
@@ -94,17 +95,17 @@ pub fn send(
     mut pending: Box<Pending>,
     call: &backend::Call,
     awaited: Awaited,
-) -> Result<Next, Box<Pending>> {
+) -> Result<Waiting, Box<Pending>> {
     if matches!(awaited, Awaited::Count | Awaited::Tail(_)) {
         pending.sent_ms = ctx.now_ms();
     }
     match ctx.dispatch(call) {
-        Some(token) => Ok(Next::Wait(Waiting {
+        Some(token) => Ok(Waiting {
             token,
             kind: call.kind,
             awaited,
             pending,
-        })),
+        }),
         None => Err(pending),
     }
 }
@@ -117,11 +118,9 @@ pub fn whole(ctx: &mut Ctx, pending: Box<Pending>) -> Next {
         && ctx.fresh_context(&pending.model).is_none();
     if needs_context {
         let call = backend::window_call(ctx.config());
-        match send(ctx, pending, &call, Awaited::Context) {
-            Ok(next) => return next,
-            // No context length now: count anyway (a configured window_tokens may do).
-            Err(pending) => return count(ctx, pending),
-        }
+        // No context length now: count anyway (a configured window_tokens may do).
+        return send(ctx, pending, &call, Awaited::Context)
+            .map_or_else(|pending| count(ctx, pending), Next::Wait);
     }
     count(ctx, pending)
 }
@@ -133,8 +132,10 @@ fn count(ctx: &mut Ctx, pending: Box<Pending>) -> Next {
         return estimate(ctx, &pending.req, pending.body);
     };
     ctx.count(Metric::CountCalls);
-    send(ctx, pending, &call, Awaited::Count)
-        .unwrap_or_else(|pending| failed(ctx, Failure::Dispatch, pending))
+    send(ctx, pending, &call, Awaited::Count).map_or_else(
+        |pending| failed(ctx, Failure::Dispatch, pending),
+        Next::Wait,
+    )
 }
 
 /// The reply to a call in flight goes on with what it was awaited for.

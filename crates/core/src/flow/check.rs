@@ -21,6 +21,18 @@ pub struct Sent {
     pub band: bool,
 }
 
+impl Sent {
+    /// What checking `pending`, sent on `bound`, needs.
+    pub fn of(pending: &Pending, bound: u64, band: bool) -> Sent {
+        Sent {
+            key: pending.key,
+            link: pending.link,
+            bound,
+            band,
+        }
+    }
+}
+
 /// Sends the count of a request sent on `bound`; `None` when it cannot be sent.
 pub fn start(ctx: &mut Ctx, pending: Box<Pending>, bound: u64, band: bool) -> Option<Waiting> {
     let call = backend::count_call(ctx.config(), &pending.req, &pending.body)?;

@@ -167,12 +167,7 @@ pub fn on_reply(ctx: &mut Ctx, waiting: Waiting, reply: &Reply) -> Option<Next> 
         }
         Awaited::Check { bound, band } => {
             let counted = parse(ctx, kind, reply);
-            let sent = super::check::Sent {
-                key: pending.key,
-                link: pending.link,
-                bound,
-                band,
-            };
+            let sent = super::check::Sent::of(&pending, bound, band);
             super::check::checked(ctx, &pending.model, sent, counted);
             return None;
         }

@@ -303,12 +303,7 @@ impl Exchange {
                 band,
             } => {
                 ctx.count(Metric::UsageChecks);
-                let sent = super::check::Sent {
-                    key: pending.key,
-                    link: pending.link,
-                    bound,
-                    band,
-                };
+                let sent = super::check::Sent::of(&pending, bound, band);
                 let counted = crate::backend::Counted {
                     count: prompt,
                     window: None,

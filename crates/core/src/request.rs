@@ -294,27 +294,22 @@ mod tests {
 
     #[test]
     fn shapes() {
-        assert_eq!(an("nope").unwrap_err(), Reason::NotJson);
-        assert_eq!(an("[]").unwrap_err(), Reason::NotObject);
-        assert_eq!(an(r#"{"model":"m"}"#).unwrap_err(), Reason::Shape);
-        assert_eq!(an(r#"{"messages":"hi"}"#).unwrap_err(), Reason::Shape);
-        assert_eq!(
-            an(r#"{"messages":{},"prompt":"x","max_tokens":5}"#).unwrap_err(),
-            Reason::Shape
-        );
-        assert_eq!(an(r#"{"prompt":"x"}"#).unwrap_err(), Reason::NoCap);
-        assert_eq!(
-            an(r#"{"prompt":5,"max_tokens":5}"#).unwrap_err(),
-            Reason::Shape
-        );
-        assert_eq!(
-            an(r#"{"prompt":[],"max_tokens":5}"#).unwrap_err(),
-            Reason::Shape
-        );
-        assert_eq!(
-            an(r#"{"prompt":[1,"a"],"max_tokens":5}"#).unwrap_err(),
-            Reason::Shape
-        );
+        for (body, reason) in [
+            ("nope", Reason::NotJson),
+            ("[]", Reason::NotObject),
+            (r#"{"model":"m"}"#, Reason::Shape),
+            (r#"{"messages":"hi"}"#, Reason::Shape),
+            (
+                r#"{"messages":{},"prompt":"x","max_tokens":5}"#,
+                Reason::Shape,
+            ),
+            (r#"{"prompt":"x"}"#, Reason::NoCap),
+            (r#"{"prompt":5,"max_tokens":5}"#, Reason::Shape),
+            (r#"{"prompt":[],"max_tokens":5}"#, Reason::Shape),
+            (r#"{"prompt":[1,"a"],"max_tokens":5}"#, Reason::Shape),
+        ] {
+            assert_eq!(an(body).unwrap_err(), reason, "{body}");
+        }
         let r = an(r#"{"messages":[],"prompt":"x"}"#).unwrap();
         assert_eq!(r.form, Form::Chat);
         assert_eq!(r.counting, Counting::Tokenize);
@@ -528,22 +523,17 @@ mod messages {
         );
         assert_eq!(r.cap_members, vec![2]);
         assert_eq!(r.target(), (Some(2), "max_tokens"));
-        assert_eq!(
-            an(r#"{"messages":[],"max_completion_tokens":5}"#).unwrap_err(),
-            Reason::NoCap
-        );
-        assert_eq!(
-            an(r#"{"messages":[],"max_tokens":0}"#).unwrap_err(),
-            Reason::NoCap
-        );
-        assert_eq!(
-            an(r#"{"messages":"x","max_tokens":9}"#).unwrap_err(),
-            Reason::Shape
-        );
-        assert_eq!(
-            an(r#"{"prompt":"x","max_tokens":9}"#).unwrap_err(),
-            Reason::Shape
-        );
+        for (body, reason) in [
+            (
+                r#"{"messages":[],"max_completion_tokens":5}"#,
+                Reason::NoCap,
+            ),
+            (r#"{"messages":[],"max_tokens":0}"#, Reason::NoCap),
+            (r#"{"messages":"x","max_tokens":9}"#, Reason::Shape),
+            (r#"{"prompt":"x","max_tokens":9}"#, Reason::Shape),
+        ] {
+            assert_eq!(an(body).unwrap_err(), reason, "{body}");
+        }
         assert_eq!(
             an(r#"{"messages":[],"max_tokens":9}"#).unwrap().counting,
             Counting::Tokenize

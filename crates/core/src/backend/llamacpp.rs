@@ -3,9 +3,8 @@
 //! the per-slot window from `/props`.
 
 use super::{
-    get, messages_count, object, positive, post, tail_of, Call, CallKind, Counted, Map, Server,
+    get, messages_count, object, positive, post, Ask, Call, CallKind, Counted, Map, Server,
 };
-use crate::config::TokenizerConfig;
 use crate::dialect::messages::tail_object;
 use crate::dialect::{responses, Form};
 use crate::json::scan::array_items;
@@ -24,7 +23,8 @@ pub const LLAMACPP_PROPS_PATH: &str = "/props";
 pub(super) struct Llamacpp;
 
 impl Server for Llamacpp {
-    fn count_call(&self, t: &TokenizerConfig, req: &Request, body: &[u8]) -> Option<Call> {
+    fn count_call(&self, a: &Ask) -> Option<Call> {
+        let (req, body) = (a.req, a.body);
         match req.form {
             Form::Chat => Some(post(
                 LLAMACPP_CHAT_COUNT_PATH,
@@ -32,7 +32,7 @@ impl Server for Llamacpp {
                 CallKind::InputTokens,
             )),
             Form::Completion => Some(post(
-                &t.path,
+                &a.t.path,
                 llamacpp_content(req, body)?,
                 CallKind::TokenList,
             )),
@@ -45,24 +45,16 @@ impl Server for Llamacpp {
         }
     }
 
-    /// A chat's tail: its counter with those messages alone, without the tools; an Anthropic
-    /// conversation's: its counter.
-    fn tail_call(
-        &self,
-        _t: &TokenizerConfig,
-        req: &Request,
-        body: &[u8],
-        messages: &[u8],
-    ) -> Option<Call> {
-        tail_of(req, body, messages, || {
-            Some(post(
-                LLAMACPP_CHAT_COUNT_PATH,
-                tail_object(req, body, messages, |k| {
-                    matches!(k, "messages" | "tools" | "tool_choice")
-                })?,
-                CallKind::InputTokens,
-            ))
-        })
+    /// Its counter with those messages alone, without the tools.
+    fn chat_tail(&self, a: &Ask, messages: &[u8]) -> Option<Call> {
+        let payload = tail_object(a.req, a.body, messages, |k| {
+            matches!(k, "messages" | "tools" | "tool_choice")
+        })?;
+        Some(post(
+            LLAMACPP_CHAT_COUNT_PATH,
+            payload,
+            CallKind::InputTokens,
+        ))
     }
 
     fn window_call(&self) -> Call {

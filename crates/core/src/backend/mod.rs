@@ -63,21 +63,28 @@ pub struct Counted {
     pub window: Option<u64>,
 }
 
+/// What a count call is made of: the tokenizer's configuration, the request read, its body.
+pub(super) struct Ask<'a> {
+    pub t: &'a TokenizerConfig,
+    pub req: &'a Request,
+    pub body: &'a [u8],
+}
+
 /// A tokenizer backend: the calls it answers and how it words what it says. The provided
 /// methods are what most backends do.
 trait Server {
     /// The call that counts `req` exactly, or `None` when a field the payload needs does not
     /// parse or the backend cannot count this dialect (the estimate is used then).
-    fn count_call(&self, t: &TokenizerConfig, req: &Request, body: &[u8]) -> Option<Call>;
+    fn count_call(&self, ask: &Ask) -> Option<Call>;
 
-    /// The call that counts a conversation's tail alone (docs/spec.md §15); none by default.
-    fn tail_call(
-        &self,
-        _t: &TokenizerConfig,
-        _req: &Request,
-        _body: &[u8],
-        _messages: &[u8],
-    ) -> Option<Call> {
+    /// Whether this backend counts a conversation's tail alone (docs/spec.md §15): a chat's
+    /// by [`Server::chat_tail`], an Anthropic conversation's by Anthropic's counter.
+    fn counts_tails(&self) -> bool {
+        true
+    }
+
+    /// The call that counts a chat's tail, `messages` (a JSON array), alone.
+    fn chat_tail(&self, _ask: &Ask, _messages: &[u8]) -> Option<Call> {
         None
     }
 
@@ -139,25 +146,6 @@ fn messages_count(body: &[u8]) -> Call {
     post(MESSAGES_COUNT_PATH, body.to_vec(), CallKind::InputTokens)
 }
 
-/// The call that counts a conversation's tail (its messages after the counted prefix,
-/// `messages`): `chat` for a chat's; Anthropic's counter, which every server serves, for an
-/// Anthropic conversation's; none for the other forms.
-fn tail_of(
-    req: &Request,
-    body: &[u8],
-    messages: &[u8],
-    chat: impl FnOnce() -> Option<Call>,
-) -> Option<Call> {
-    match req.form {
-        Form::Chat => chat(),
-        Form::Messages => {
-            let tail = crate::dialect::messages::tail_body(req, body, messages)?;
-            Some(post(MESSAGES_COUNT_PATH, tail, CallKind::InputTokens))
-        }
-        Form::Completion | Form::Responses => None,
-    }
-}
-
 /// The window error in a server's error body (its JSON), by `backend`'s wording (docs/spec.md
 /// §13); `None` for any other error.
 pub fn window_error(backend: Backend, body: &Value) -> Option<WindowError> {
@@ -167,13 +155,26 @@ pub fn window_error(backend: Backend, body: &Value) -> Option<WindowError> {
 /// The call that counts `req` exactly, or `None` when a field the payload needs does not
 /// parse (the estimate is used then).
 pub fn count_call(config: &Config, req: &Request, body: &[u8]) -> Option<Call> {
-    server(config.tokenizer.backend).count_call(&config.tokenizer, req, body)
+    let t = &config.tokenizer;
+    server(t.backend).count_call(&Ask { t, req, body })
 }
 
 /// The call that counts a conversation's tail alone (docs/spec.md §15): the messages after
 /// its counted prefix, `messages` (a JSON array of them), as a conversation of their own.
 pub fn tail_call(config: &Config, req: &Request, body: &[u8], messages: &[u8]) -> Option<Call> {
-    server(config.tokenizer.backend).tail_call(&config.tokenizer, req, body, messages)
+    let t = &config.tokenizer;
+    let server = server(t.backend);
+    if !server.counts_tails() {
+        return None;
+    }
+    match req.form {
+        Form::Chat => server.chat_tail(&Ask { t, req, body }, messages),
+        Form::Messages => {
+            let tail = crate::dialect::messages::tail_body(req, body, messages)?;
+            Some(post(MESSAGES_COUNT_PATH, tail, CallKind::InputTokens))
+        }
+        Form::Completion | Form::Responses => None,
+    }
 }
 
 /// The call that reports the window C, for a count that does not.

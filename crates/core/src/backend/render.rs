@@ -4,8 +4,7 @@
 //! (`max_tokens: 1` where the API requires one); the count is the number of `token_ids`. The
 //! window comes from `GET /v1/models`, and only from the request's own model there.
 
-use super::{get, positive, post, Call, CallKind, Counted, Map, Server, MODELS_PATH};
-use crate::config::TokenizerConfig;
+use super::{get, positive, post, Ask, Call, CallKind, Counted, Map, Server, MODELS_PATH};
 use crate::dialect::{responses, Form};
 use crate::request::Request;
 use crate::response::window::{message, WindowError};
@@ -21,7 +20,8 @@ pub(super) struct Render;
 
 impl Server for Render {
     /// The render call for any dialect.
-    fn count_call(&self, _t: &TokenizerConfig, req: &Request, body: &[u8]) -> Option<Call> {
+    fn count_call(&self, a: &Ask) -> Option<Call> {
+        let (req, body) = (a.req, a.body);
         let (path, payload) = match req.form {
             Form::Chat => (CHAT_RENDER_PATH, without_caps(req, body, false)?),
             Form::Completion => (COMPLETIONS_RENDER_PATH, without_caps(req, body, false)?),
@@ -30,6 +30,11 @@ impl Server for Render {
             Form::Responses => (RESPONSES_RENDER_PATH, responses::payload(req, body)?),
         };
         Some(post(path, payload, CallKind::TokenIds))
+    }
+
+    /// The render server counts whole requests only.
+    fn counts_tails(&self) -> bool {
+        false
     }
 
     fn window_call(&self) -> Call {

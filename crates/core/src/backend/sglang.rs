@@ -1,8 +1,7 @@
 //! SGLang: `/tokenize` renders a chat from the members it reads (sent alone) and a prompt
 //! as vLLM's does; the window comes from `/v1/models`.
 
-use super::{messages_count, num, post, tail_of, Call, CallKind, Server};
-use crate::config::TokenizerConfig;
+use super::{messages_count, num, post, Ask, Call, CallKind, Server};
 use crate::dialect::payload;
 use crate::dialect::Form;
 use crate::request::Request;
@@ -14,36 +13,25 @@ pub(super) struct Sglang;
 /// `/tokenize` answers are read by the provided `parse_tokenize`: the `max_model_len` there is
 /// the tokenizer's limit, not the server's window.
 impl Server for Sglang {
-    fn count_call(&self, t: &TokenizerConfig, req: &Request, body: &[u8]) -> Option<Call> {
+    fn count_call(&self, a: &Ask) -> Option<Call> {
+        let (req, body) = (a.req, a.body);
         match req.form {
             Form::Chat => Some(post(
-                &t.path,
+                &a.t.path,
                 sglang_chat(req, body, None)?,
                 CallKind::Tokenize,
             )),
-            Form::Completion => Some(post(&t.path, payload(req, body)?, CallKind::Tokenize)),
+            Form::Completion => Some(post(&a.t.path, payload(req, body)?, CallKind::Tokenize)),
             Form::Messages => Some(messages_count(body)),
             // SGLang has no renderer of a Responses request: the estimate.
             Form::Responses => None,
         }
     }
 
-    /// A chat's tail: `/tokenize` of those messages alone, without the tools; an Anthropic
-    /// conversation's: its counter.
-    fn tail_call(
-        &self,
-        t: &TokenizerConfig,
-        req: &Request,
-        body: &[u8],
-        messages: &[u8],
-    ) -> Option<Call> {
-        tail_of(req, body, messages, || {
-            Some(post(
-                &t.path,
-                sglang_chat(req, body, Some(messages))?,
-                CallKind::Tokenize,
-            ))
-        })
+    /// `/tokenize` of those messages alone, without the tools.
+    fn chat_tail(&self, a: &Ask, messages: &[u8]) -> Option<Call> {
+        let payload = sglang_chat(a.req, a.body, Some(messages))?;
+        Some(post(&a.t.path, payload, CallKind::Tokenize))
     }
 
     fn window_error(&self, body: &Value) -> Option<WindowError> {

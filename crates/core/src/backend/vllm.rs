@@ -3,10 +3,9 @@
 //! with `--enable-scale-out`; 403 otherwise, a counted failure); `/v1/models` reports
 //! `max_model_len` for the counts that do not.
 
-use super::{messages_count, num, post, tail_of, Call, CallKind, Counted, Server};
-use crate::config::{Config, TokenizerConfig};
+use super::{messages_count, num, post, Ask, Call, CallKind, Counted, Server};
+use crate::config::Config;
 use crate::dialect::{chat, payload, responses, Form};
-use crate::request::Request;
 use crate::response::window::{first_match, message, Capture, Piece::*, WindowError, Wording};
 use crate::tokenize::{check_context, parse_reply, Failure};
 use serde_json::Value;
@@ -17,10 +16,11 @@ pub const RESPONSES_RENDER_PATH: &str = "/v1/responses/render";
 pub(super) struct Vllm;
 
 impl Server for Vllm {
-    fn count_call(&self, t: &TokenizerConfig, req: &Request, body: &[u8]) -> Option<Call> {
+    fn count_call(&self, a: &Ask) -> Option<Call> {
+        let (req, body) = (a.req, a.body);
         match req.form {
             Form::Chat | Form::Completion => {
-                Some(post(&t.path, payload(req, body)?, CallKind::Tokenize))
+                Some(post(&a.t.path, payload(req, body)?, CallKind::Tokenize))
             }
             Form::Messages => Some(messages_count(body)),
             Form::Responses => Some(post(
@@ -31,21 +31,11 @@ impl Server for Vllm {
         }
     }
 
-    /// A chat's tail: `/tokenize` of those messages; an Anthropic conversation's: its counter.
-    fn tail_call(
-        &self,
-        t: &TokenizerConfig,
-        req: &Request,
-        body: &[u8],
-        messages: &[u8],
-    ) -> Option<Call> {
-        tail_of(req, body, messages, || {
-            Some(post(
-                &t.path,
-                chat::tail_payload(req, body, std::str::from_utf8(messages).ok()?)?,
-                CallKind::Tokenize,
-            ))
-        })
+    /// `/tokenize` of those messages.
+    fn chat_tail(&self, a: &Ask, messages: &[u8]) -> Option<Call> {
+        let messages = std::str::from_utf8(messages).ok()?;
+        let payload = chat::tail_payload(a.req, a.body, messages)?;
+        Some(post(&a.t.path, payload, CallKind::Tokenize))
     }
 
     /// `/tokenize` answers carry `max_model_len`; Anthropic's counter and the renderer do not.

@@ -411,7 +411,12 @@ mod tests {
     const JSON: &str = r#"{"id":"msg_1","type":"message","role":"assistant","content":[{"type":"text","text":"a \"stop_reason\":\"max_tokens\" quote, {\"usage\":1}"}],"model":"m","stop_reason":"max_tokens","stop_sequence":null,"usage":{"input_tokens":3000,"output_tokens":1096}}"#;
 
     fn run_json(cap: u64, body: &[u8], splits: &[usize]) -> (Vec<u8>, bool) {
-        let mut e = Json::new(cap);
+        run(Json::new(cap), body, splits)
+    }
+
+    /// Feeds `body` to the editor cut at `splits`: what the client receives, and whether the
+    /// editor changed it.
+    fn run(mut e: impl Editor, body: &[u8], splits: &[usize]) -> (Vec<u8>, bool) {
         let mut out = Vec::new();
         let mut edited = false;
         let mut start = 0;
@@ -536,22 +541,7 @@ data: {"type":"message_stop"}"#,
     }
 
     fn run_sse(cap: u64, body: &[u8], splits: &[usize]) -> (Vec<u8>, bool) {
-        let mut e = Sse::new(cap);
-        let mut out = Vec::new();
-        let mut edited = false;
-        let mut start = 0;
-        let mut cuts: Vec<usize> = splits.to_vec();
-        cuts.push(body.len());
-        for (i, &cut) in cuts.iter().enumerate() {
-            let chunk = &body[start..cut];
-            match e.chunk(chunk, i + 1 == cuts.len()) {
-                Edit::Keep => out.extend_from_slice(chunk),
-                Edit::Replace(r) => out.extend_from_slice(&r),
-            }
-            edited |= e.take_edited();
-            start = cut;
-        }
-        (out, edited)
+        run(Sse::new(cap), body, splits)
     }
 
     #[test]

@@ -15,12 +15,11 @@ fn window_errors_reach_the_client_in_its_dialect() {
     // the server has): prompt + cap too long, and the server's window is learned.
     let p = plugin("");
     let mut host = FakeHost::default();
-    let (mut x, _) = send(&p, &mut host, "/v1/messages", MESSAGES);
-    reply(
+    let (mut x, _) = counted(
         &p,
         &mut host,
-        &mut x,
-        200,
+        "/v1/messages",
+        MESSAGES,
         r#"{"data":[{"id":"m","max_model_len":40960}]}"#,
     );
     let v = rewritten(reply(
@@ -73,23 +72,15 @@ fn window_errors_reach_the_client_in_its_dialect() {
     // OpenAI chat, the prompt alone too long (exact count ≥ C): context_length_exceeded.
     let p = plugin(r#","context_length":4096"#);
     let mut host = FakeHost::default();
-    let (mut x, _) = send(&p, &mut host, "/v1/chat/completions", CHAT);
-    let step = reply(
+    let (mut x, step) = counted(
         &p,
         &mut host,
-        &mut x,
-        200,
+        "/v1/chat/completions",
+        CHAT,
         r#"{"count":5009,"max_model_len":4096}"#,
     );
     assert!(matches!(step, Step::Done(Action::Continue)));
-    let (_, out) = answer(
-        &mut x,
-        &p,
-        &mut host,
-        400,
-        "application/json",
-        &[V32_PROMPT_ERROR.as_bytes()],
-    );
+    let out = json_answer(&mut x, &p, &mut host, 400, V32_PROMPT_ERROR.as_bytes());
     let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
     assert_eq!(v["error"]["code"], "context_length_exceeded");
     assert_eq!(v["error"]["param"], "messages");
@@ -100,12 +91,11 @@ fn window_errors_reach_the_client_in_its_dialect() {
 fn other_answers_pass_byte_for_byte() {
     let p = plugin(r#","context_length":4096"#);
     let mut host = FakeHost::default();
-    let (mut x, _) = send(&p, &mut host, "/v1/chat/completions", CHAT);
-    reply(
+    let (mut x, _) = counted(
         &p,
         &mut host,
-        &mut x,
-        200,
+        "/v1/chat/completions",
+        CHAT,
         r#"{"count":40,"max_model_len":4096}"#,
     );
     // Another 400, a look-alike, a huge error, a success: byte for byte.
@@ -202,14 +192,7 @@ fn a_prompt_the_counter_refuses_as_too_long() {
     assert_eq!(header(&x, &p, HEADER_PROMPT).as_deref(), Some("4097"));
     assert_eq!(header(&x, &p, HEADER_SOURCE).as_deref(), Some("at_least"));
     assert!(!host.metrics.iter().any(|m| matches!(m, Metric::Failure(_))));
-    let (_, out) = answer(
-        &mut x,
-        &p,
-        &mut host,
-        400,
-        "application/json",
-        &[V32_CAP_ERROR.as_bytes()],
-    );
+    let out = json_answer(&mut x, &p, &mut host, 400, V32_CAP_ERROR.as_bytes());
     assert_eq!(
         error_message(&out),
         "prompt is too long: 4097 tokens > 4096 maximum"
@@ -333,12 +316,11 @@ fn stop_reason_when_the_window_ended_the_answer() {
 fn learned_windows_expire_and_follow_the_server() {
     let p = plugin(r#","window_ttl_ms":1000"#);
     let mut host = FakeHost::default();
-    let (mut x, _) = send(&p, &mut host, "/v1/messages", MESSAGES);
-    reply(
+    let (mut x, _) = counted(
         &p,
         &mut host,
-        &mut x,
-        200,
+        "/v1/messages",
+        MESSAGES,
         r#"{"data":[{"id":"m","max_model_len":4096}]}"#,
     );
     rewritten(reply(&p, &mut host, &mut x, 200, r#"{"input_tokens":30}"#));
@@ -385,36 +367,12 @@ fn learned_windows_expire_and_follow_the_server() {
         "/v1/messages",
         Box::leak(b3.into_boxed_str()),
     );
-    let token = host.last_token();
-    let step = z
-        .on_reply(
-            &p,
-            &mut host,
-            &Reply {
-                token,
-                status: Some(500),
-                size: 0,
-                body: b"",
-            },
-        )
-        .unwrap();
+    let step = reply(&p, &mut host, &mut z, 500, "");
     assert!(
         matches!(step, Step::Wait),
         "the window call failed; the count goes on"
     );
-    let token = host.last_token();
-    let step = z
-        .on_reply(
-            &p,
-            &mut host,
-            &Reply {
-                token,
-                status: Some(500),
-                size: 0,
-                body: b"",
-            },
-        )
-        .unwrap();
+    let step = reply(&p, &mut host, &mut z, 500, "");
     rewritten(step);
     // A cached /tokenize count uses the window learned since.
     let p = plugin("");
@@ -464,14 +422,7 @@ fn responses_get_the_openai_signal_on_input() {
     let step = reply(&p, &mut host, &mut x, 400, V32_PROMPT_ERROR);
     assert!(matches!(step, Step::Done(Action::Continue)));
     let cap = V32_CAP_ERROR.replace("max_tokens", "max_output_tokens");
-    let (_, out) = answer(
-        &mut x,
-        &p,
-        &mut host,
-        400,
-        "application/json",
-        &[cap.as_bytes()],
-    );
+    let out = json_answer(&mut x, &p, &mut host, 400, cap.as_bytes());
     let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
     assert_eq!(v["error"]["code"], "context_length_exceeded");
     assert_eq!(v["error"]["param"], "input");

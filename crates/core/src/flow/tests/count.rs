@@ -74,12 +74,7 @@ fn an_abandoned_window_call_still_learns_the_window() {
     assert!(orphan.on_reply(
         &p,
         &mut host,
-        &Reply {
-            token: orphan.token(),
-            status: Some(200),
-            size: body.len(),
-            body: body.as_bytes(),
-        }
+        &reply_of(orphan.token(), Some(200), body.as_bytes())
     ));
     let (_, step) = send(&p, &mut host, "/v1/messages", MESSAGES);
     assert!(matches!(step, Step::Wait));
@@ -167,16 +162,7 @@ fn callbacks_out_of_order_change_nothing() {
     let (mut x, _) = send(&p, &mut host, "/v1/chat/completions", CHAT);
     let other = host.last_token() + 7;
     assert!(x
-        .on_reply(
-            &p,
-            &mut host,
-            &Reply {
-                token: other,
-                status: Some(200),
-                size: 0,
-                body: b""
-            }
-        )
+        .on_reply(&p, &mut host, &reply_of(other, Some(200), b""))
         .is_none());
     assert!(
         x.pending_token().is_some(),
@@ -328,19 +314,7 @@ fn reject_answers_in_the_dialect() {
     // An estimate never rejects.
     let mut host = FakeHost::default();
     let (mut z, _) = send(&p, &mut host, "/v1/chat/completions", CHAT);
-    let token = host.last_token();
-    let step = z
-        .on_reply(
-            &p,
-            &mut host,
-            &Reply {
-                token,
-                status: Some(500),
-                size: 0,
-                body: b"",
-            },
-        )
-        .unwrap();
+    let step = reply(&p, &mut host, &mut z, 500, "");
     assert!(!matches!(step, Step::Done(Action::Reply(_))));
 }
 
@@ -506,8 +480,13 @@ fn anthropic_thinking_budget() {
     assert_eq!(v["thinking"]["type"], "enabled");
     // No valid budget below the new cap: unchanged, with a reason.
     let mut host = FakeHost::default();
-    let (mut y, _) = send(&p, &mut host, "/v1/messages", body);
-    let step = reply(&p, &mut host, &mut y, 200, r#"{"input_tokens":3100}"#);
+    let (y, step) = counted(
+        &p,
+        &mut host,
+        "/v1/messages",
+        body,
+        r#"{"input_tokens":3100}"#,
+    );
     assert!(matches!(step, Step::Done(Action::Continue)));
     assert_eq!(
         header(&y, &p, HEADER_ACTION).as_deref(),
@@ -540,12 +519,11 @@ fn llamacpp_window_from_props_and_sglang_ignores_tokenize_limit() {
 
     let p = plugin(r#","backend":"sglang"|"#);
     let mut host = FakeHost::default();
-    let (mut x, _) = send(&p, &mut host, "/v1/chat/completions", CHAT);
-    reply(
+    let (mut x, _) = counted(
         &p,
         &mut host,
-        &mut x,
-        200,
+        "/v1/chat/completions",
+        CHAT,
         r#"{"object":"list","data":[{"id":"m","max_model_len":512}]}"#,
     );
     let v = rewritten(reply(

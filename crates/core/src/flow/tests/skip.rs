@@ -248,12 +248,11 @@ fn a_server_that_refuses_a_tail_alone_is_asked_for_whole_counts() {
     ));
     // The next conversation in the same band goes straight to the whole count.
     let other = session(1, r#","max_tokens":16000"#).replace("fix the bug", "other bug");
-    let (mut x, _) = send(&p, &mut host, "/v1/chat/completions", leak(other.clone()));
-    reply(
+    counted(
         &p,
         &mut host,
-        &mut x,
-        200,
+        "/v1/chat/completions",
+        leak(other.clone()),
         r#"{"count":24800,"max_model_len":40960}"#,
     );
     let calls = host.calls.len();
@@ -272,16 +271,7 @@ fn a_server_that_refuses_a_tail_alone_is_asked_for_whole_counts() {
     let q = plugin_at("w", SKIP);
     let (mut z, _) = tail_turn(&q, &mut host, 24800);
     let token = z.pending_token().unwrap();
-    z.on_reply(
-        &q,
-        &mut host,
-        &Reply {
-            token,
-            status: Some(504),
-            size: 0,
-            body: b"",
-        },
-    );
+    z.on_reply(&q, &mut host, &reply_of(token, Some(504), b""));
     assert!(!flagged(&q, &mut host, Flag::TailOff, "m"));
 }
 
@@ -328,8 +318,13 @@ fn anthropic_tails_are_counted_by_the_anthropic_counter() {
             r#""tools":[{"name":"read","input_schema":{}}],"tool_choice":{"type":"auto"},"max_tokens":16000"#,
         )
     };
-    let (mut x, _) = send(&p, &mut host, "/v1/messages", turn(1));
-    reply(&p, &mut host, &mut x, 200, r#"{"input_tokens":24850}"#);
+    counted(
+        &p,
+        &mut host,
+        "/v1/messages",
+        turn(1),
+        r#"{"input_tokens":24850}"#,
+    );
     let (mut y, step) = send(&p, &mut host, "/v1/messages", turn(2));
     assert!(matches!(step, Step::Wait));
     assert_eq!(host.calls[1].2.path, "/v1/messages/count_tokens");
@@ -392,12 +387,11 @@ fn bad_input_falls_back_to_a_full_count() {
     for (name, body, cluster) in cases {
         let p = plugin(SKIP);
         let mut host = FakeHost::default();
-        let (mut x, _) = send(&p, &mut host, "/v1/chat/completions", leak(first.clone()));
-        reply(
+        counted(
             &p,
             &mut host,
-            &mut x,
-            200,
+            "/v1/chat/completions",
+            leak(first.clone()),
             r#"{"count":900,"max_model_len":40960}"#,
         );
         let q = if cluster.is_empty() {
@@ -412,12 +406,11 @@ fn bad_input_falls_back_to_a_full_count() {
     // A body that shrank: its prefix was counted (a cache hit, or a bounded prefix).
     let p = plugin(SKIP);
     let mut host = FakeHost::default();
-    let (mut x, _) = send(&p, &mut host, "/v1/chat/completions", leak(grown.clone()));
-    reply(
+    counted(
         &p,
         &mut host,
-        &mut x,
-        200,
+        "/v1/chat/completions",
+        leak(grown.clone()),
         r#"{"count":900,"max_model_len":40960}"#,
     );
     let (_, step) = send(&p, &mut host, "/v1/chat/completions", leak(first.clone()));
@@ -428,12 +421,11 @@ fn bad_input_falls_back_to_a_full_count() {
     // Skipping off: counted.
     let p = plugin(r#","context_length":40960,"skip_count":false"#);
     let mut host = FakeHost::default();
-    let (mut x, _) = send(&p, &mut host, "/v1/chat/completions", leak(first));
-    reply(
+    counted(
         &p,
         &mut host,
-        &mut x,
-        200,
+        "/v1/chat/completions",
+        leak(first),
         r#"{"count":900,"max_model_len":40960}"#,
     );
     let (_, step) = send(&p, &mut host, "/v1/chat/completions", leak(grown));
@@ -444,12 +436,11 @@ fn bad_input_falls_back_to_a_full_count() {
 fn without_a_cap_only_where_the_server_takes_the_rest_of_the_window() {
     let p = plugin(SKIP);
     let mut host = FakeHost::default();
-    let (mut x, _) = send(&p, &mut host, "/v1/chat/completions", leak(session(1, "")));
-    reply(
+    counted(
         &p,
         &mut host,
-        &mut x,
-        200,
+        "/v1/chat/completions",
+        leak(session(1, "")),
         r#"{"count":900,"max_model_len":40960}"#,
     );
     let (y, step) = send(&p, &mut host, "/v1/chat/completions", leak(session(2, "")));
@@ -458,12 +449,11 @@ fn without_a_cap_only_where_the_server_takes_the_rest_of_the_window() {
     // W < C: the server's default would overrun W.
     let p = plugin(r#","context_length":40960,"window_tokens":32768,"skip_count":true"#);
     let mut host = FakeHost::default();
-    let (mut x, _) = send(&p, &mut host, "/v1/chat/completions", leak(session(1, "")));
-    reply(
+    counted(
         &p,
         &mut host,
-        &mut x,
-        200,
+        "/v1/chat/completions",
+        leak(session(1, "")),
         r#"{"count":900,"max_model_len":40960}"#,
     );
     let (_, step) = send(&p, &mut host, "/v1/chat/completions", leak(session(2, "")));
@@ -475,8 +465,13 @@ fn anthropic_turns_skip_too() {
     let p = plugin(SKIP);
     let mut host = FakeHost::default();
     let turn = |n: usize| anthropic_session(n, r#""max_tokens":32000"#);
-    let (mut x, _) = send(&p, &mut host, "/v1/messages", turn(1));
-    reply(&p, &mut host, &mut x, 200, r#"{"input_tokens":300}"#);
+    counted(
+        &p,
+        &mut host,
+        "/v1/messages",
+        turn(1),
+        r#"{"input_tokens":300}"#,
+    );
     let (mut y, step) = send(&p, &mut host, "/v1/messages", turn(2));
     assert!(matches!(step, Step::Done(Action::Continue)));
     assert_eq!(action(&y, &p), "unchanged:fits");
@@ -489,16 +484,7 @@ fn anthropic_turns_skip_too() {
     let token = y.pending_token().unwrap();
     let orphan = y.abandon().unwrap();
     let late = br#"{"input_tokens":99999}"#;
-    assert!(orphan.on_reply(
-        &p,
-        &mut host,
-        &Reply {
-            token,
-            status: Some(200),
-            size: late.len(),
-            body: late,
-        }
-    ));
+    assert!(orphan.on_reply(&p, &mut host, &reply_of(token, Some(200), late)));
     assert_eq!(host.count(Metric::BoundViolations), 1);
 }
 
@@ -568,8 +554,13 @@ fn sglang_and_llamacpp_count_a_tail_with_their_own_counters() {
         ));
         let mut host = FakeHost::default();
         let cap = r#","max_tokens":16000"#;
-        let (mut x, _) = send(&p, &mut host, "/v1/chat/completions", leak(session(1, cap)));
-        reply(&p, &mut host, &mut x, 200, whole);
+        counted(
+            &p,
+            &mut host,
+            "/v1/chat/completions",
+            leak(session(1, cap)),
+            whole,
+        );
         let (mut y, step) = send(&p, &mut host, "/v1/chat/completions", leak(session(2, cap)));
         assert!(matches!(step, Step::Wait), "{backend}");
         assert_eq!(host.count(Metric::TailCounts), 1, "{backend}");

@@ -126,22 +126,48 @@ pub fn settle(p: &Plugin, host: &mut FakeHost, x: &mut Exchange, step: &Step) {
     }
 }
 
+/// The tokenizer's reply to call `token`: `body` whole.
+pub fn reply_of(token: u32, status: Option<u16>, body: &[u8]) -> Reply<'_> {
+    Reply {
+        token,
+        status,
+        size: body.len(),
+        body,
+    }
+}
+
 pub fn reply(p: &Plugin, host: &mut FakeHost, x: &mut Exchange, status: u16, body: &str) -> Step {
     let token = host.last_token();
     let step = x
-        .on_reply(
-            p,
-            host,
-            &Reply {
-                token,
-                status: Some(status),
-                size: body.len(),
-                body: body.as_bytes(),
-            },
-        )
+        .on_reply(p, host, &reply_of(token, Some(status), body.as_bytes()))
         .expect("the exchange's own call");
     settle(p, host, x, &step);
     step
+}
+
+/// Headers and body, then the tokenizer's reply `count` (status 200): the exchange and the
+/// step the reply gave.
+pub fn counted(
+    p: &Plugin,
+    host: &mut FakeHost,
+    path: &'static str,
+    body: &str,
+    count: &str,
+) -> (Exchange, Step) {
+    let (mut x, _) = send(p, host, path, body);
+    let step = reply(p, host, &mut x, 200, count);
+    (x, step)
+}
+
+/// A JSON answer with `status`, driven through the exchange: what the client receives.
+pub fn json_answer(
+    x: &mut Exchange,
+    p: &Plugin,
+    host: &mut FakeHost,
+    status: u16,
+    body: &[u8],
+) -> Vec<u8> {
+    answer(x, p, host, status, "application/json", &[body]).1
 }
 
 /// The rewritten body as JSON.
@@ -212,16 +238,7 @@ pub fn action(x: &Exchange, p: &Plugin) -> String {
 pub fn answer_check(p: &Plugin, host: &mut FakeHost, x: &mut Exchange, count: u64) {
     let token = x.pending_token().expect("a check is out");
     let body = format!(r#"{{"count":{count},"max_model_len":40960}}"#);
-    let step = x.on_reply(
-        p,
-        host,
-        &Reply {
-            token,
-            status: Some(200),
-            size: body.len(),
-            body: body.as_bytes(),
-        },
-    );
+    let step = x.on_reply(p, host, &reply_of(token, Some(200), body.as_bytes()));
     assert!(step.is_none(), "a check has nothing to apply");
 }
 

@@ -70,12 +70,7 @@ fn a_skipped_turn_is_checked_and_anchored_by_its_answers_usage() {
         b.on_reply(
             &q,
             &mut other,
-            &Reply {
-                token,
-                status: Some(200),
-                size: count.len(),
-                body: count.as_bytes(),
-            },
+            &reply_of(token, Some(200), count.as_bytes()),
         );
         send(&q, &mut other, "/v1/messages", anthropic_session(3, CAP))
     };

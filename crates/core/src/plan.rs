@@ -4,7 +4,7 @@
 use super::config::{Config, OnInsufficient};
 use super::reason::Reason;
 use super::request::Request;
-use super::rewrite::{splice_edit_with, Edit};
+use super::rewrite::{splice_edit, Edit};
 pub use super::rule::Inputs;
 use super::rule::{evaluate, Verdict};
 
@@ -128,7 +128,7 @@ pub fn decide(
             Ok(replace) => {
                 let (target, field) = req.target();
                 let replace = replace.as_ref().map(|(i, v)| (*i, v.as_slice()));
-                let edit = splice_edit_with(
+                let edit = splice_edit(
                     body,
                     &req.members,
                     &req.cap_members,

@@ -372,61 +372,45 @@ mod tests {
 
     #[test]
     fn constrained_requests_are_counted_unless_configured() {
-        assert_eq!(
-            an(r#"{"messages":[],"response_format":{"type":"json_object"}}"#)
-                .unwrap()
-                .counting,
-            Counting::Tokenize
-        );
-        assert_eq!(
-            an(r#"{"messages":[],"tools":[{}],"tool_choice":"required"}"#)
-                .unwrap()
-                .counting,
-            Counting::Tokenize
-        );
-    }
-
-    #[test]
-    fn estimate_cases() {
-        let an = |body: &str| {
-            let c = Config::parse(br#"{"tokenizer":{"cluster":"v"},"estimate_constrained":true}"#)
-                .unwrap();
-            analyze(body.as_bytes(), &c)
-        };
-        assert_eq!(
-            an(r#"{"messages":[],"response_format":{"type":"json_object"}}"#)
-                .unwrap()
-                .counting,
-            Counting::Estimate
-        );
-        assert_eq!(
-            an(r#"{"messages":[],"response_format":null}"#)
-                .unwrap()
-                .counting,
-            Counting::Tokenize
-        );
-        assert_eq!(
-            an(r#"{"messages":[],"tools":[{}],"tool_choice":"required"}"#)
-                .unwrap()
-                .counting,
-            Counting::Estimate
-        );
-        assert_eq!(
-            an(r#"{"messages":[],"tools":[{}],"tool_choice":"auto"}"#)
-                .unwrap()
-                .counting,
-            Counting::Tokenize
-        );
-        assert_eq!(
-            an(r#"{"messages":[],"tools":[{}]}"#).unwrap().counting,
-            Counting::Tokenize
-        );
-        assert_eq!(
-            an(r#"{"messages":[],"tools":[ ],"tool_choice":"none"}"#)
-                .unwrap()
-                .counting,
-            Counting::Tokenize
-        );
+        let estimating =
+            Config::parse(br#"{"tokenizer":{"cluster":"v"},"estimate_constrained":true}"#).unwrap();
+        // (body, counting by default, counting with `estimate_constrained`)
+        for (body, default, estimating_too) in [
+            (
+                r#"{"messages":[],"response_format":{"type":"json_object"}}"#,
+                Counting::Tokenize,
+                Counting::Estimate,
+            ),
+            (
+                r#"{"messages":[],"response_format":null}"#,
+                Counting::Tokenize,
+                Counting::Tokenize,
+            ),
+            (
+                r#"{"messages":[],"tools":[{}],"tool_choice":"required"}"#,
+                Counting::Tokenize,
+                Counting::Estimate,
+            ),
+            (
+                r#"{"messages":[],"tools":[{}],"tool_choice":"auto"}"#,
+                Counting::Tokenize,
+                Counting::Tokenize,
+            ),
+            (
+                r#"{"messages":[],"tools":[{}]}"#,
+                Counting::Tokenize,
+                Counting::Tokenize,
+            ),
+            (
+                r#"{"messages":[],"tools":[ ],"tool_choice":"none"}"#,
+                Counting::Tokenize,
+                Counting::Tokenize,
+            ),
+        ] {
+            assert_eq!(an(body).unwrap().counting, default, "{body}");
+            let counting = analyze(body.as_bytes(), &estimating).unwrap().counting;
+            assert_eq!(counting, estimating_too, "{body}");
+        }
     }
 
     #[test]

@@ -89,20 +89,9 @@ impl HeadWriter<'_> {
 /// index is in `drop`, and writes `"field":value` — in place of member `target` when given
 /// (keeping its key text and spacing when the name is unchanged), else as the first member.
 /// Only the head of the body up to the last member changed is rebuilt.
+/// With `replace`, member `replace.0` also gets the new value `replace.1` (kept where it is,
+/// with its key and spacing).
 pub fn splice_edit(
-    body: &[u8],
-    members: &[Member],
-    drop: &[usize],
-    target: Option<usize>,
-    field: &str,
-    value: u64,
-) -> Edit {
-    splice_edit_with(body, members, drop, target, field, value, None)
-}
-
-/// [`splice_edit`] that also gives member `replace.0` the new value `replace.1` (kept where
-/// it is, with its key and spacing).
-pub fn splice_edit_with(
     body: &[u8],
     members: &[Member],
     drop: &[usize],
@@ -202,7 +191,7 @@ pub fn splice(
     field: &str,
     value: u64,
 ) -> Vec<u8> {
-    splice_edit(body, members, drop, target, field, value).apply(body)
+    splice_edit(body, members, drop, target, field, value, None).apply(body)
 }
 
 fn write_key(out: &mut HeadWriter, field: &str) {
@@ -311,7 +300,7 @@ mod tests {
         let body =
             r#"{"model":"m","max_tokens":65536,"messages":[{"role":"user","content":"long"}]}"#;
         let m = scan(body.as_bytes()).unwrap();
-        let e = splice_edit(body.as_bytes(), &m, &[1], Some(1), "max_tokens", 9);
+        let e = splice_edit(body.as_bytes(), &m, &[1], Some(1), "max_tokens", 9, None);
         assert_eq!(e.end, body.find(",\"messages\"").unwrap());
         assert_eq!(e.head(body.as_bytes()), br#"{"model":"m","max_tokens":9"#);
         // The value replaced by a shorter one: the head is the body's own bytes up to it.
@@ -324,7 +313,7 @@ mod tests {
         // no cap: the new member goes first, nothing else is rebuilt
         let body = r#"{"messages":[]}"#;
         let m = scan(body.as_bytes()).unwrap();
-        let e = splice_edit(body.as_bytes(), &m, &[], None, "max_tokens", 9);
+        let e = splice_edit(body.as_bytes(), &m, &[], None, "max_tokens", 9, None);
         assert_eq!(
             (e.head(body.as_bytes()).as_slice(), e.end),
             (&br#"{"max_tokens":9,"#[..], 1)
@@ -368,7 +357,7 @@ mod tests {
         for (body, drop, target, field) in cases {
             let m = scan(body.as_bytes()).unwrap();
             for value in [7, 4321, 123456] {
-                let e = splice_edit(body.as_bytes(), &m, drop, target, field, value);
+                let e = splice_edit(body.as_bytes(), &m, drop, target, field, value, None);
                 let head = e.head(body.as_bytes());
                 assert_eq!(
                     e.write_head(&mut body.as_bytes().to_vec()).as_ref(),

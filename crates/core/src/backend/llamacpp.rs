@@ -120,13 +120,7 @@ pub(super) fn window_error(body: &Value) -> Option<WindowError> {
     }
     let prompt = error.get("n_prompt_tokens")?.as_u64()?;
     let context = error.get("n_ctx")?.as_u64().filter(|c| *c > 0)?;
-    Some(WindowError {
-        context: Some(context),
-        prompt: Some(prompt),
-        prompt_exact: true,
-        prompt_exceeds: true,
-        ..WindowError::default()
-    })
+    Some(WindowError::prompt_over(Some(context), Some(prompt)))
 }
 
 #[cfg(test)]

@@ -95,13 +95,7 @@ const WORDINGS: &[Wording] = &[
             Num,
             Text(" tokens)."),
         ],
-        |c| WindowError {
-            context: num(c, 1),
-            prompt: num(c, 0),
-            prompt_exact: true,
-            prompt_exceeds: true,
-            ..WindowError::default()
-        },
+        |c| WindowError::prompt_over(num(c, 1), num(c, 0)),
     ),
     (
         &[

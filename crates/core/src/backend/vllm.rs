@@ -181,13 +181,7 @@ const WORDINGS: &[Wording] = &[
             Num,
             Text(")."),
         ],
-        |c| WindowError {
-            context: num(c, 1),
-            prompt: num(c, 0),
-            prompt_exact: true,
-            prompt_exceeds: true,
-            ..WindowError::default()
-        },
+        |c| WindowError::prompt_over(num(c, 1), num(c, 0)),
     ),
     // 0.11 chat: prompt + cap exceed the window.
     (

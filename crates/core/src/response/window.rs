@@ -24,6 +24,19 @@ pub struct WindowError {
     pub cap: Option<u64>,
 }
 
+impl WindowError {
+    /// The prompt alone, `prompt` tokens counted exactly, exceeds the window `context`.
+    pub fn prompt_over(context: Option<u64>, prompt: Option<u64>) -> WindowError {
+        WindowError {
+            context,
+            prompt,
+            prompt_exact: true,
+            prompt_exceeds: true,
+            ..WindowError::default()
+        }
+    }
+}
+
 /// The window error in an error body, by the wording of `backend`; `None` for any other
 /// body (other errors, look-alikes, bodies that are not JSON).
 pub fn parse(backend: Backend, body: &[u8]) -> Option<WindowError> {

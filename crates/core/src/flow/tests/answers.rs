@@ -13,15 +13,8 @@ const V32_PROMPT_ERROR: &str = r#"{"error":{"message":"This model's maximum cont
 fn window_errors_reach_the_client_in_its_dialect() {
     // Anthropic, exact count below the window (the filter was told a larger window than
     // the server has): prompt + cap too long, and the server's window is learned.
-    let p = plugin("");
-    let mut host = FakeHost::default();
-    let (mut x, _) = counted(
-        &p,
-        &mut host,
-        "/v1/messages",
-        MESSAGES,
-        r#"{"data":[{"id":"m","max_model_len":40960}]}"#,
-    );
+    let (p, mut host) = setup("");
+    let (mut x, _) = counted(&p, &mut host, "/v1/messages", MESSAGES, &models(40960));
     let v = rewritten(reply(
         &p,
         &mut host,
@@ -70,17 +63,16 @@ fn window_errors_reach_the_client_in_its_dialect() {
     assert_eq!(v["max_tokens"], 1096);
 
     // OpenAI chat, the prompt alone too long (exact count ≥ C): context_length_exceeded.
-    let p = plugin(r#","context_length":4096"#);
-    let mut host = FakeHost::default();
+    let (p, mut host) = setup(r#","context_length":4096"#);
     let (mut x, step) = counted(
         &p,
         &mut host,
         "/v1/chat/completions",
         CHAT,
-        r#"{"count":5009,"max_model_len":4096}"#,
+        &tokenized(5009, 4096),
     );
     assert!(matches!(step, Step::Done(Action::Continue)));
-    let out = json_answer(&mut x, &p, &mut host, 400, V32_PROMPT_ERROR.as_bytes());
+    let (_, out) = json_answer(&mut x, &p, &mut host, 400, V32_PROMPT_ERROR.as_bytes());
     let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
     assert_eq!(v["error"]["code"], "context_length_exceeded");
     assert_eq!(v["error"]["param"], "messages");
@@ -89,14 +81,13 @@ fn window_errors_reach_the_client_in_its_dialect() {
 
 #[test]
 fn other_answers_pass_byte_for_byte() {
-    let p = plugin(r#","context_length":4096"#);
-    let mut host = FakeHost::default();
+    let (p, mut host) = setup(r#","context_length":4096"#);
     let (mut x, _) = counted(
         &p,
         &mut host,
         "/v1/chat/completions",
         CHAT,
-        r#"{"count":40,"max_model_len":4096}"#,
+        &tokenized(40, 4096),
     );
     // Another 400, a look-alike, a huge error, a success: byte for byte.
     let other =
@@ -120,14 +111,7 @@ fn other_answers_pass_byte_for_byte() {
         &[&huge[..40000], &huge[40000..]],
     );
     assert_eq!(out, huge);
-    let (step, out) = answer(
-        &mut x,
-        &p,
-        &mut host,
-        200,
-        "application/json",
-        &[b"{\"ok\":1}"],
-    );
+    let (step, out) = json_answer(&mut x, &p, &mut host, 200, b"{\"ok\":1}");
     // Read for its usage only, and passed as it came.
     assert_eq!(
         (step, out.as_slice()),
@@ -144,14 +128,7 @@ fn other_answers_pass_byte_for_byte() {
             ..head("/v1/models")
         },
     );
-    let (step, out) = answer(
-        &mut z,
-        &p,
-        &mut host,
-        400,
-        "application/json",
-        &[V32_PROMPT_ERROR.as_bytes()],
-    );
+    let (step, out) = json_answer(&mut z, &p, &mut host, 400, V32_PROMPT_ERROR.as_bytes());
     assert_eq!(
         (step, out.as_slice()),
         (response::HeadStep::Pass, V32_PROMPT_ERROR.as_bytes())
@@ -160,14 +137,7 @@ fn other_answers_pass_byte_for_byte() {
     let q = plugin(r#","context_length":4096,"translate_errors":false"#);
     let (mut w, _) = send(&q, &mut host, "/v1/chat/completions", CHAT);
     assert!(w.budget.is_some());
-    let (step, out) = answer(
-        &mut w,
-        &q,
-        &mut host,
-        400,
-        "application/json",
-        &[V32_PROMPT_ERROR.as_bytes()],
-    );
+    let (step, out) = json_answer(&mut w, &q, &mut host, 400, V32_PROMPT_ERROR.as_bytes());
     assert_eq!(
         (step, out.as_slice()),
         (response::HeadStep::Pass, V32_PROMPT_ERROR.as_bytes())
@@ -179,8 +149,7 @@ const COUNT_REFUSED: &str = r#"{"type":"error","error":{"type":"BadRequestError"
 #[test]
 fn a_prompt_the_counter_refuses_as_too_long() {
     // Passthrough: unchanged, then the server's cap error becomes "prompt is too long".
-    let p = plugin(r#","context_length":4096"#);
-    let mut host = FakeHost::default();
+    let (p, mut host) = setup(r#","context_length":4096"#);
     let (mut x, _) = send(&p, &mut host, "/v1/messages", MESSAGES);
     let step = reply(&p, &mut host, &mut x, 400, COUNT_REFUSED);
     assert!(matches!(step, Step::Done(Action::Continue)));
@@ -192,14 +161,13 @@ fn a_prompt_the_counter_refuses_as_too_long() {
     assert_eq!(header(&x, &p, HEADER_PROMPT).as_deref(), Some("4097"));
     assert_eq!(header(&x, &p, HEADER_SOURCE).as_deref(), Some("at_least"));
     assert!(!host.metrics.iter().any(|m| matches!(m, Metric::Failure(_))));
-    let out = json_answer(&mut x, &p, &mut host, 400, V32_CAP_ERROR.as_bytes());
+    let (_, out) = json_answer(&mut x, &p, &mut host, 400, V32_CAP_ERROR.as_bytes());
     assert_eq!(
         error_message(&out),
         "prompt is too long: 4097 tokens > 4096 maximum"
     );
     // Reject mode: answered locally, with no upstream request.
-    let p = plugin(r#","context_length":4096,"on_insufficient":"reject""#);
-    let mut host = FakeHost::default();
+    let (p, mut host) = setup(r#","context_length":4096,"on_insufficient":"reject""#);
     let (mut x, _) = send(&p, &mut host, "/v1/messages", MESSAGES);
     match reply(&p, &mut host, &mut x, 400, COUNT_REFUSED) {
         Step::Done(Action::Reply(r)) => {
@@ -227,8 +195,7 @@ fn a_prompt_the_counter_refuses_as_too_long() {
     rewritten(step);
     assert_eq!(host.count(Metric::Failure(Failure::Status)), 1);
     // A prompt whose estimate is above the server's lower bound: the estimate, said so.
-    let p = plugin(r#","context_length":4096"#);
-    let mut host = FakeHost::default();
+    let (p, mut host) = setup(r#","context_length":4096"#);
     let long = MESSAGES.replace("be brief", &"word ".repeat(5000));
     let (mut x, _) = send(&p, &mut host, "/v1/messages", leak(long));
     reply(&p, &mut host, &mut x, 400, COUNT_REFUSED);
@@ -239,8 +206,7 @@ fn a_prompt_the_counter_refuses_as_too_long() {
 
 #[test]
 fn stop_reason_when_the_window_ended_the_answer() {
-    let p = plugin(r#","context_length":4096"#);
-    let mut host = FakeHost::default();
+    let (p, mut host) = setup(r#","context_length":4096"#);
     let (mut x, _) = send(&p, &mut host, "/v1/messages", MESSAGES);
     let v = rewritten(reply(
         &p,
@@ -294,13 +260,7 @@ fn stop_reason_when_the_window_ended_the_answer() {
     assert_eq!((step, out), (response::HeadStep::Observe, json.to_vec()));
     // OpenAI chat clamped by the window: `length` stays, the answer only read for its usage.
     let (mut c, _) = send(&p, &mut host, "/v1/chat/completions", CHAT);
-    rewritten(reply(
-        &p,
-        &mut host,
-        &mut c,
-        200,
-        r#"{"count":3000,"max_model_len":4096}"#,
-    ));
+    rewritten(reply(&p, &mut host, &mut c, 200, &tokenized(3000, 4096)));
     let (step, _) = answer(
         &mut c,
         &p,
@@ -314,15 +274,8 @@ fn stop_reason_when_the_window_ended_the_answer() {
 
 #[test]
 fn learned_windows_expire_and_follow_the_server() {
-    let p = plugin(r#","window_ttl_ms":1000"#);
-    let mut host = FakeHost::default();
-    let (mut x, _) = counted(
-        &p,
-        &mut host,
-        "/v1/messages",
-        MESSAGES,
-        r#"{"data":[{"id":"m","max_model_len":4096}]}"#,
-    );
+    let (p, mut host) = setup(r#","window_ttl_ms":1000"#);
+    let (mut x, _) = counted(&p, &mut host, "/v1/messages", MESSAGES, &models(4096));
     rewritten(reply(&p, &mut host, &mut x, 200, r#"{"input_tokens":30}"#));
     assert_eq!(host.calls.len(), 2);
     // Within the TTL: no window call.
@@ -349,13 +302,7 @@ fn learned_windows_expire_and_follow_the_server() {
         Box::leak(b2.into_boxed_str()),
     );
     assert_eq!(host.calls.last().unwrap().2.path, "/v1/models");
-    reply(
-        &p,
-        &mut host,
-        &mut y,
-        200,
-        r#"{"data":[{"id":"m","max_model_len":2048}]}"#,
-    );
+    reply(&p, &mut host, &mut y, 200, &models(2048));
     let v = rewritten(reply(&p, &mut host, &mut y, 200, r#"{"input_tokens":30}"#));
     assert_eq!(v["max_tokens"], 2018);
     // A stale window still decides an estimate (better than none).
@@ -375,16 +322,9 @@ fn learned_windows_expire_and_follow_the_server() {
     let step = reply(&p, &mut host, &mut z, 500, "");
     rewritten(step);
     // A cached /tokenize count uses the window learned since.
-    let p = plugin("");
-    let mut host = FakeHost::default();
+    let (p, mut host) = setup("");
     let (mut x, _) = send(&p, &mut host, "/v1/chat/completions", CHAT);
-    rewritten(reply(
-        &p,
-        &mut host,
-        &mut x,
-        200,
-        r#"{"count":40,"max_model_len":4096}"#,
-    ));
+    rewritten(reply(&p, &mut host, &mut x, 200, &tokenized(40, 4096)));
     let (mut y, _) = send(&p, &mut host, "/v1/chat/completions", CHAT);
     answer(
         &mut y,
@@ -403,8 +343,7 @@ fn learned_windows_expire_and_follow_the_server() {
 #[test]
 fn responses_get_the_openai_signal_on_input() {
     // The renderer refuses the prompt as too long: reject mode answers itself.
-    let p = plugin(r#","context_length":4096,"on_insufficient":"reject""#);
-    let mut host = FakeHost::default();
+    let (p, mut host) = setup(r#","context_length":4096,"on_insufficient":"reject""#);
     let (mut x, _) = send(&p, &mut host, "/v1/responses", RESPONSES);
     assert_eq!(host.calls[0].2.path, "/v1/responses/render");
     match reply(&p, &mut host, &mut x, 400, V32_PROMPT_ERROR) {
@@ -416,13 +355,12 @@ fn responses_get_the_openai_signal_on_input() {
         other => panic!("{other:?}"),
     }
     // Passthrough: the server's own error, translated.
-    let p = plugin(r#","context_length":4096"#);
-    let mut host = FakeHost::default();
+    let (p, mut host) = setup(r#","context_length":4096"#);
     let (mut x, _) = send(&p, &mut host, "/v1/responses", RESPONSES);
     let step = reply(&p, &mut host, &mut x, 400, V32_PROMPT_ERROR);
     assert!(matches!(step, Step::Done(Action::Continue)));
     let cap = V32_CAP_ERROR.replace("max_tokens", "max_output_tokens");
-    let out = json_answer(&mut x, &p, &mut host, 400, cap.as_bytes());
+    let (_, out) = json_answer(&mut x, &p, &mut host, 400, cap.as_bytes());
     let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
     assert_eq!(v["error"]["code"], "context_length_exceeded");
     assert_eq!(v["error"]["param"], "input");

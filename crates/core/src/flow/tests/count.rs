@@ -3,8 +3,7 @@ use crate::flow::*;
 
 #[test]
 fn miss_counts_then_hit_skips_the_call() {
-    let p = plugin(r#","context_length":512"#);
-    let mut host = FakeHost::default();
+    let (p, mut host) = setup(r#","context_length":512"#);
     let (mut x, step) = send(&p, &mut host, "/v1/chat/completions", CHAT);
     assert!(matches!(step, Step::Wait));
     assert!(x.pending_token().is_some());
@@ -16,13 +15,7 @@ fn miss_counts_then_hit_skips_the_call() {
         x.on_body_chunk(&p, &mut host, 1, true),
         RequestBodyStep::Wait
     );
-    let v = rewritten(reply(
-        &p,
-        &mut host,
-        &mut x,
-        200,
-        r#"{"count":40,"max_model_len":512}"#,
-    ));
+    let v = rewritten(reply(&p, &mut host, &mut x, 200, &tokenized(40, 512)));
     assert_eq!(v["max_tokens"], 472);
     assert_eq!(header(&x, &p, HEADER_SOURCE).as_deref(), Some("exact"));
     assert_eq!(header(&x, &p, HEADER_ACTION).as_deref(), Some("rewritten"));
@@ -38,15 +31,14 @@ fn miss_counts_then_hit_skips_the_call() {
 
 #[test]
 fn an_abandoned_call_keeps_key_and_model_and_stores_its_answer() {
-    let p = plugin(r#","context_length":512"#);
-    let mut host = FakeHost::default();
+    let (p, mut host) = setup(r#","context_length":512"#);
     let (mut x, _) = send(&p, &mut host, "/v1/chat/completions", CHAT);
     let token = host.last_token();
     let orphan = x.abandon().expect("a call is out");
     assert_eq!(x.pending_token(), None, "the exchange let the request go");
     assert_eq!(orphan.token(), token);
     assert_eq!(orphan.model, "m");
-    let ok = r#"{"count":40,"max_model_len":512}"#;
+    let ok = &tokenized(40, 512);
     let answer = |token| Reply {
         token,
         status: Some(200),
@@ -66,11 +58,10 @@ fn an_abandoned_call_keeps_key_and_model_and_stores_its_answer() {
 
 #[test]
 fn an_abandoned_window_call_still_learns_the_window() {
-    let p = plugin("");
-    let mut host = FakeHost::default();
+    let (p, mut host) = setup("");
     let (mut x, _) = send(&p, &mut host, "/v1/messages", MESSAGES);
     let orphan = x.abandon().expect("the window call is out");
-    let body = r#"{"data":[{"id":"m","max_model_len":512}]}"#;
+    let body = &models(512);
     assert!(orphan.on_reply(
         &p,
         &mut host,
@@ -94,15 +85,10 @@ fn every_failure_kind_falls_back_to_the_estimate() {
             r#"{"count":true,"max_model_len":512}"#,
             Failure::Contract,
         ),
-        (
-            Some(200),
-            r#"{"count":4,"max_model_len":1024}"#,
-            Failure::Mismatch,
-        ),
+        (Some(200), &tokenized(4, 1024), Failure::Mismatch),
     ];
     for (status, body, failure) in cases {
-        let p = plugin(r#","context_length":512"#);
-        let mut host = FakeHost::default();
+        let (p, mut host) = setup(r#","context_length":512"#);
         let (mut x, _) = send(&p, &mut host, "/v1/chat/completions", CHAT);
         let token = host.last_token();
         let step = x
@@ -128,11 +114,11 @@ fn every_failure_kind_falls_back_to_the_estimate() {
         assert_eq!(host.calls.len(), 2, "{failure:?}");
     }
     // A reply larger than the limit is not read.
-    let p = plugin(r#","context_length":512"#);
-    let mut host = FakeHost::default();
+    let (p, mut host) = setup(r#","context_length":512"#);
     let (mut x, _) = send(&p, &mut host, "/v1/chat/completions", CHAT);
     let token = host.last_token();
-    let ok = br#"{"count":4,"max_model_len":512}"#;
+    let ok = tokenized(4, 512);
+    let ok = ok.as_bytes();
     x.on_reply(
         &p,
         &mut host,
@@ -157,8 +143,7 @@ fn every_failure_kind_falls_back_to_the_estimate() {
 
 #[test]
 fn callbacks_out_of_order_change_nothing() {
-    let p = plugin(r#","context_length":512"#);
-    let mut host = FakeHost::default();
+    let (p, mut host) = setup(r#","context_length":512"#);
     let (mut x, _) = send(&p, &mut host, "/v1/chat/completions", CHAT);
     let other = host.last_token() + 7;
     assert!(x
@@ -181,8 +166,7 @@ fn callbacks_out_of_order_change_nothing() {
 
 #[test]
 fn heads_that_are_not_budgeted() {
-    let p = plugin(r#","context_length":512,"max_body_bytes":100"#);
-    let mut host = FakeHost::default();
+    let (p, mut host) = setup(r#","context_length":512,"max_body_bytes":100"#);
     let cases = [
         (
             RequestHead {
@@ -248,13 +232,7 @@ fn learned_windows_are_scoped_by_route() {
     let b = plugin_at("b", "");
     let mut host = FakeHost::default();
     let (mut x, _) = send(&a, &mut host, "/v1/chat/completions", CHAT);
-    rewritten(reply(
-        &a,
-        &mut host,
-        &mut x,
-        200,
-        r#"{"count":40,"max_model_len":512}"#,
-    ));
+    rewritten(reply(&a, &mut host, &mut x, 200, &tokenized(40, 512)));
     // Token ids: counted without a call, windowed by what this route learned.
     let ids = r#"{"model":"m","prompt":[1,2,3,4],"max_tokens":99999}"#;
     let (_, step) = send(&a, &mut host, "/v1/completions", ids);
@@ -273,16 +251,9 @@ fn learned_windows_are_scoped_by_route() {
 
 #[test]
 fn reject_answers_in_the_dialect() {
-    let p = plugin(r#","context_length":512,"on_insufficient":"reject""#);
-    let mut host = FakeHost::default();
+    let (p, mut host) = setup(r#","context_length":512,"on_insufficient":"reject""#);
     let (mut x, _) = send(&p, &mut host, "/v1/chat/completions", CHAT);
-    match reply(
-        &p,
-        &mut host,
-        &mut x,
-        200,
-        r#"{"count":500,"max_model_len":512}"#,
-    ) {
+    match reply(&p, &mut host, &mut x, 200, &tokenized(500, 512)) {
         Step::Done(Action::Reply(r)) => {
             assert_eq!(r.status, 400);
             let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
@@ -320,18 +291,11 @@ fn reject_answers_in_the_dialect() {
 
 #[test]
 fn responses_are_rendered_and_written_as_max_output_tokens() {
-    let p = plugin("");
-    let mut host = FakeHost::default();
+    let (p, mut host) = setup("");
     let (mut x, step) = send(&p, &mut host, "/v1/responses?x=1", RESPONSES);
     assert!(matches!(step, Step::Wait));
     assert_eq!(host.calls[0].2.path, "/v1/models");
-    let step = reply(
-        &p,
-        &mut host,
-        &mut x,
-        200,
-        r#"{"data":[{"id":"m","max_model_len":512}]}"#,
-    );
+    let step = reply(&p, &mut host, &mut x, 200, &models(512));
     assert!(matches!(step, Step::Wait));
     let call = &host.calls[1].2;
     assert_eq!(call.path, "/v1/responses/render");
@@ -360,8 +324,7 @@ fn responses_are_rendered_and_written_as_max_output_tokens() {
 
 #[test]
 fn responses_without_a_renderer_use_the_estimate_and_never_reject() {
-    let p = plugin(r#","context_length":512,"on_insufficient":"reject""#);
-    let mut host = FakeHost::default();
+    let (p, mut host) = setup(r#","context_length":512,"on_insufficient":"reject""#);
     let (mut x, _) = send(&p, &mut host, "/v1/responses", RESPONSES);
     // vLLM without --enable-scale-out.
     let v = rewritten(reply(
@@ -376,8 +339,7 @@ fn responses_without_a_renderer_use_the_estimate_and_never_reject() {
     assert_eq!(host.count(Metric::Failure(Failure::Status)), 1);
     assert_eq!(header(&x, &p, HEADER_SOURCE).as_deref(), Some("estimate"));
     // SGLang renders no Responses request: the estimate, with no count call.
-    let p = plugin(r#","backend":"sglang"|,"context_length":512"#);
-    let mut host = FakeHost::default();
+    let (p, mut host) = setup(r#","backend":"sglang"|,"context_length":512"#);
     let (x, step) = send(&p, &mut host, "/v1/responses", RESPONSES);
     assert_eq!(rewritten(step)["max_output_tokens"], 512 - estimate - 32);
     assert!(host.calls.is_empty());
@@ -386,8 +348,7 @@ fn responses_without_a_renderer_use_the_estimate_and_never_reject() {
 
 #[test]
 fn responses_reject_stateful_and_llamacpp() {
-    let p = plugin(r#","context_length":512,"on_insufficient":"reject""#);
-    let mut host = FakeHost::default();
+    let (p, mut host) = setup(r#","context_length":512,"on_insufficient":"reject""#);
     let (mut x, _) = send(&p, &mut host, "/v1/responses", RESPONSES);
     match reply(&p, &mut host, &mut x, 200, r#"{"token_ids":[1,2,3]}"#) {
         Step::Done(Action::Rewrite(_)) => {}
@@ -413,8 +374,7 @@ fn responses_reject_stateful_and_llamacpp() {
         header(&x, &p, HEADER_ACTION).as_deref(),
         Some("unchanged:stateful")
     );
-    let p = plugin(r#","backend":"llamacpp"|,"context_length":512"#);
-    let mut host = FakeHost::default();
+    let (p, mut host) = setup(r#","backend":"llamacpp"|,"context_length":512"#);
     let (mut x, _) = send(&p, &mut host, "/v1/responses", RESPONSES);
     assert_eq!(host.calls[0].2.path, "/v1/responses/input_tokens");
     let v = rewritten(reply(&p, &mut host, &mut x, 200, r#"{"input_tokens":12}"#));
@@ -423,19 +383,12 @@ fn responses_reject_stateful_and_llamacpp() {
 
 #[test]
 fn anthropic_learns_the_window_first_then_counts() {
-    let p = plugin("");
-    let mut host = FakeHost::default();
+    let (p, mut host) = setup("");
     let (mut x, step) = send(&p, &mut host, "/v1/messages", MESSAGES);
     assert!(matches!(step, Step::Wait));
     assert_eq!(host.calls[0].2.path, "/v1/models");
     assert_eq!(host.calls[0].2.method, "GET");
-    let step = reply(
-        &p,
-        &mut host,
-        &mut x,
-        200,
-        r#"{"data":[{"id":"m","max_model_len":512}]}"#,
-    );
+    let step = reply(&p, &mut host, &mut x, 200, &models(512));
     assert!(matches!(step, Step::Wait));
     assert_eq!(host.calls[1].2.path, "/v1/messages/count_tokens");
     let v = rewritten(reply(&p, &mut host, &mut x, 200, r#"{"input_tokens":30}"#));
@@ -456,8 +409,7 @@ fn anthropic_learns_the_window_first_then_counts() {
 
 #[test]
 fn anthropic_thinking_budget() {
-    let p = plugin(r#","context_length":4096"#);
-    let mut host = FakeHost::default();
+    let (p, mut host) = setup(r#","context_length":4096"#);
     let with = |budget: u64| {
         MESSAGES.replace(
             r#""max_tokens":32000"#,
@@ -502,8 +454,7 @@ fn anthropic_thinking_budget() {
 
 #[test]
 fn llamacpp_window_from_props_and_sglang_ignores_tokenize_limit() {
-    let p = plugin(r#","backend":"llamacpp"|"#);
-    let mut host = FakeHost::default();
+    let (p, mut host) = setup(r#","backend":"llamacpp"|"#);
     let (mut x, _) = send(&p, &mut host, "/v1/chat/completions", CHAT);
     assert_eq!(host.calls[0].2.path, "/props");
     reply(
@@ -517,8 +468,7 @@ fn llamacpp_window_from_props_and_sglang_ignores_tokenize_limit() {
     let v = rewritten(reply(&p, &mut host, &mut x, 200, r#"{"input_tokens":12}"#));
     assert_eq!(v["max_tokens"], 500);
 
-    let p = plugin(r#","backend":"sglang"|"#);
-    let mut host = FakeHost::default();
+    let (p, mut host) = setup(r#","backend":"sglang"|"#);
     let (mut x, _) = counted(
         &p,
         &mut host,
@@ -526,13 +476,7 @@ fn llamacpp_window_from_props_and_sglang_ignores_tokenize_limit() {
         CHAT,
         r#"{"object":"list","data":[{"id":"m","max_model_len":512}]}"#,
     );
-    let v = rewritten(reply(
-        &p,
-        &mut host,
-        &mut x,
-        200,
-        r#"{"count":12,"max_model_len":40960}"#,
-    ));
+    let v = rewritten(reply(&p, &mut host, &mut x, 200, &tokenized(12, 40960)));
     assert_eq!(
         v["max_tokens"], 500,
         "the window is /v1/models', not /tokenize's"

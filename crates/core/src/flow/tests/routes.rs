@@ -138,7 +138,7 @@ fn an_abandoned_call_stores_its_answer_in_its_route() {
     let (mut x, _) = send(&p, &mut host, "/v1/chat/completions", &small);
     let token = host.last_token();
     let orphan = x.abandon().expect("a call is out");
-    let ok = r#"{"count":40,"max_model_len":2048}"#;
+    let ok = &tokenized(40, 2048);
     let answer = Reply {
         token,
         status: Some(200),

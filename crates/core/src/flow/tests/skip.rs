@@ -3,8 +3,7 @@ use crate::flow::*;
 
 #[test]
 fn a_grown_conversation_whose_cap_fits_skips_the_count_and_is_checked_after() {
-    let p = plugin(SKIP);
-    let mut host = FakeHost::default();
+    let (p, mut host) = setup(SKIP);
     let cap = r#","max_tokens":16000"#;
     anchor(&p, &mut host, 900);
     assert_eq!(host.calls.len(), 1);
@@ -42,8 +41,7 @@ fn a_grown_conversation_whose_cap_fits_skips_the_count_and_is_checked_after() {
 
 #[test]
 fn a_bound_that_does_not_prove_the_outcome_counts() {
-    let p = plugin(SKIP);
-    let mut host = FakeHost::default();
+    let (p, mut host) = setup(SKIP);
     let cap = r#","max_tokens":16000"#;
     anchor(&p, &mut host, 40880);
     let (mut y, step) = send(&p, &mut host, "/v1/chat/completions", leak(session(2, cap)));
@@ -54,13 +52,7 @@ fn a_bound_that_does_not_prove_the_outcome_counts() {
     // Not even a quarter of the new bytes a token would leave R: the whole prompt is counted.
     assert_eq!(host.calls.len(), 2);
     assert_eq!(host.count(Metric::TailCounts), 0);
-    let v = rewritten(reply(
-        &p,
-        &mut host,
-        &mut y,
-        200,
-        r#"{"count":40890,"max_model_len":40960}"#,
-    ));
+    let v = rewritten(reply(&p, &mut host, &mut y, 200, &tokenized(40890, 40960)));
     assert_eq!(v["max_tokens"], 70);
     assert_eq!(header(&y, &p, HEADER_SOURCE).as_deref(), Some("exact"));
 }
@@ -79,8 +71,7 @@ fn tail_turn(p: &Plugin, host: &mut FakeHost, tokens: u64) -> (Exchange, Step) {
 
 #[test]
 fn a_count_of_the_new_messages_alone_proves_what_their_bytes_do_not() {
-    let p = plugin(SKIP);
-    let mut host = FakeHost::default();
+    let (p, mut host) = setup(SKIP);
     // 24800 + the byte bound of a tool round > 24960 = W − B; 24800 + a quarter of its
     // bytes is not.
     let (mut y, step) = tail_turn(&p, &mut host, 24800);
@@ -105,13 +96,7 @@ fn a_count_of_the_new_messages_alone_proves_what_their_bytes_do_not() {
     assert_eq!(tail["model"], "m");
     assert_eq!(tail["add_generation_prompt"], true);
     // 24800 + 120 + SEAM: the cap fits, the request goes on unchanged.
-    let step = reply(
-        &p,
-        &mut host,
-        &mut y,
-        200,
-        r#"{"count":120,"max_model_len":40960}"#,
-    );
+    let step = reply(&p, &mut host, &mut y, 200, &tokenized(120, 40960));
     assert!(matches!(step, Step::Done(Action::Continue)));
     assert_eq!(action(&y, &p), "unchanged:fits");
     assert_eq!(header(&y, &p, HEADER_SOURCE).as_deref(), Some("bound"));
@@ -129,18 +114,11 @@ fn a_count_of_the_new_messages_alone_proves_what_their_bytes_do_not() {
 
 #[test]
 fn near_the_edge_the_cap_is_written_from_a_bound_of_exact_counts() {
-    let p = plugin(SKIP);
-    let mut host = FakeHost::default();
+    let (p, mut host) = setup(SKIP);
     let (mut y, _) = tail_turn(&p, &mut host, 24800);
     // 24800 + 150 + SEAM = 24966 > 24960 = W − B, but leaves R: the cap is written from it.
     let p_hi = 24800 + 150 + bound::SEAM;
-    let v = rewritten(reply(
-        &p,
-        &mut host,
-        &mut y,
-        200,
-        r#"{"count":150,"max_model_len":40960}"#,
-    ));
+    let v = rewritten(reply(&p, &mut host, &mut y, 200, &tokenized(150, 40960)));
     assert_eq!(v["max_tokens"], 40960 - p_hi);
     assert_eq!(host.calls.len(), 2, "no whole count on the path");
     assert_eq!(host.count(Metric::CountCalls), 1, "the first turn's only");
@@ -175,13 +153,7 @@ fn near_the_edge_the_cap_is_written_from_a_bound_of_exact_counts() {
         "/v1/chat/completions",
         leak(session(3, r#","max_tokens":16000"#)),
     );
-    let step = reply(
-        &p,
-        &mut host,
-        &mut z,
-        200,
-        r#"{"count":150,"max_model_len":40960}"#,
-    );
+    let step = reply(&p, &mut host, &mut z, 200, &tokenized(150, 40960));
     let written = rewritten(step)["max_tokens"].as_u64().unwrap();
     let z_hi = 40960 - written;
     z.on_stream_end(&p, &mut host);
@@ -201,51 +173,31 @@ fn near_the_edge_the_cap_is_written_from_a_bound_of_exact_counts() {
 
 #[test]
 fn a_tail_count_that_leaves_less_than_r_is_followed_by_the_whole_count() {
-    let p = plugin(SKIP);
-    let mut host = FakeHost::default();
+    let (p, mut host) = setup(SKIP);
     let (mut y, _) = tail_turn(&p, &mut host, 40800);
     assert_eq!(host.count(Metric::TailCounts), 1);
     // 40800 + 120 + SEAM + R > 40960: the whole prompt is counted, and decides.
-    let step = reply(
-        &p,
-        &mut host,
-        &mut y,
-        200,
-        r#"{"count":120,"max_model_len":40960}"#,
-    );
+    let step = reply(&p, &mut host, &mut y, 200, &tokenized(120, 40960));
     assert!(matches!(step, Step::Wait));
     assert_eq!(host.calls.len(), 3);
     let whole = call_json(&host, 2);
     assert_eq!(whole["messages"].as_array().unwrap().len(), 6);
     assert!(whole.get("tools").is_some());
-    let v = rewritten(reply(
-        &p,
-        &mut host,
-        &mut y,
-        200,
-        r#"{"count":40880,"max_model_len":40960}"#,
-    ));
+    let v = rewritten(reply(&p, &mut host, &mut y, 200, &tokenized(40880, 40960)));
     assert_eq!(v["max_tokens"], 80);
     assert_eq!(header(&y, &p, HEADER_SOURCE).as_deref(), Some("exact"));
 }
 
 #[test]
 fn a_server_that_refuses_a_tail_alone_is_asked_for_whole_counts() {
-    let p = plugin(SKIP);
-    let mut host = FakeHost::default();
+    let (p, mut host) = setup(SKIP);
     let (mut y, _) = tail_turn(&p, &mut host, 24800);
     // The template wants a whole conversation (roles must alternate, ...).
     let step = reply(&p, &mut host, &mut y, 400, r#"{"error":"secret"}"#);
     assert!(matches!(step, Step::Wait));
     assert_eq!(host.count(Metric::Failure(Failure::Status)), 1);
     assert_eq!(call_json(&host, 2)["messages"].as_array().unwrap().len(), 6);
-    rewritten(reply(
-        &p,
-        &mut host,
-        &mut y,
-        200,
-        r#"{"count":24900,"max_model_len":40960}"#,
-    ));
+    rewritten(reply(&p, &mut host, &mut y, 200, &tokenized(24900, 40960)));
     // The next conversation in the same band goes straight to the whole count.
     let other = session(1, r#","max_tokens":16000"#).replace("fix the bug", "other bug");
     counted(
@@ -253,7 +205,7 @@ fn a_server_that_refuses_a_tail_alone_is_asked_for_whole_counts() {
         &mut host,
         "/v1/chat/completions",
         leak(other.clone()),
-        r#"{"count":24800,"max_model_len":40960}"#,
+        &tokenized(24800, 40960),
     );
     let calls = host.calls.len();
     let next = session(2, r#","max_tokens":16000"#).replace("fix the bug", "other bug");
@@ -277,8 +229,7 @@ fn a_server_that_refuses_a_tail_alone_is_asked_for_whole_counts() {
 
 #[test]
 fn a_tail_with_reasoning_or_gone_with_its_stream_counts_nothing_alone() {
-    let p = plugin(SKIP);
-    let mut host = FakeHost::default();
+    let (p, mut host) = setup(SKIP);
     let cap = r#","max_tokens":16000"#;
     anchor(&p, &mut host, 24800);
     // An assistant turn with reasoning may render only in the whole conversation.
@@ -298,7 +249,8 @@ fn a_tail_with_reasoning_or_gone_with_its_stream_counts_nothing_alone() {
     let (mut y, _) = tail_turn(&p, &mut host, 24800);
     let token = y.pending_token().unwrap();
     assert!(y.abandon().is_none());
-    let late = br#"{"count":1,"max_model_len":40960}"#;
+    let late = tokenized(1, 40960);
+    let late = late.as_bytes();
     let answer = Reply {
         token,
         status: Some(200),
@@ -310,8 +262,7 @@ fn a_tail_with_reasoning_or_gone_with_its_stream_counts_nothing_alone() {
 
 #[test]
 fn anthropic_tails_are_counted_by_the_anthropic_counter() {
-    let p = plugin(SKIP);
-    let mut host = FakeHost::default();
+    let (p, mut host) = setup(SKIP);
     let turn = |n: usize| {
         anthropic_session(
             n,
@@ -385,14 +336,13 @@ fn bad_input_falls_back_to_a_full_count() {
         ("route", grown.clone(), "other"),
     ];
     for (name, body, cluster) in cases {
-        let p = plugin(SKIP);
-        let mut host = FakeHost::default();
+        let (p, mut host) = setup(SKIP);
         counted(
             &p,
             &mut host,
             "/v1/chat/completions",
             leak(first.clone()),
-            r#"{"count":900,"max_model_len":40960}"#,
+            &tokenized(900, 40960),
         );
         let q = if cluster.is_empty() {
             plugin(SKIP)
@@ -404,14 +354,13 @@ fn bad_input_falls_back_to_a_full_count() {
         assert_eq!(host.count(Metric::CountSkipped), 0, "{name}");
     }
     // A body that shrank: its prefix was counted (a cache hit, or a bounded prefix).
-    let p = plugin(SKIP);
-    let mut host = FakeHost::default();
+    let (p, mut host) = setup(SKIP);
     counted(
         &p,
         &mut host,
         "/v1/chat/completions",
         leak(grown.clone()),
-        r#"{"count":900,"max_model_len":40960}"#,
+        &tokenized(900, 40960),
     );
     let (_, step) = send(&p, &mut host, "/v1/chat/completions", leak(first.clone()));
     assert!(
@@ -419,14 +368,13 @@ fn bad_input_falls_back_to_a_full_count() {
         "a shorter body has no counted prefix"
     );
     // Skipping off: counted.
-    let p = plugin(r#","context_length":40960,"skip_count":false"#);
-    let mut host = FakeHost::default();
+    let (p, mut host) = setup(r#","context_length":40960,"skip_count":false"#);
     counted(
         &p,
         &mut host,
         "/v1/chat/completions",
         leak(first),
-        r#"{"count":900,"max_model_len":40960}"#,
+        &tokenized(900, 40960),
     );
     let (_, step) = send(&p, &mut host, "/v1/chat/completions", leak(grown));
     assert!(matches!(step, Step::Wait));
@@ -434,36 +382,21 @@ fn bad_input_falls_back_to_a_full_count() {
 
 #[test]
 fn without_a_cap_only_where_the_server_takes_the_rest_of_the_window() {
-    let p = plugin(SKIP);
-    let mut host = FakeHost::default();
-    counted(
-        &p,
-        &mut host,
-        "/v1/chat/completions",
-        leak(session(1, "")),
-        r#"{"count":900,"max_model_len":40960}"#,
-    );
+    let (p, mut host) = setup(SKIP);
+    anchor_capped(&p, &mut host, "", 900);
     let (y, step) = send(&p, &mut host, "/v1/chat/completions", leak(session(2, "")));
     assert!(matches!(step, Step::Done(Action::Continue)));
     assert_eq!(action(&y, &p), "unchanged:fits");
     // W < C: the server's default would overrun W.
-    let p = plugin(r#","context_length":40960,"window_tokens":32768,"skip_count":true"#);
-    let mut host = FakeHost::default();
-    counted(
-        &p,
-        &mut host,
-        "/v1/chat/completions",
-        leak(session(1, "")),
-        r#"{"count":900,"max_model_len":40960}"#,
-    );
+    let (p, mut host) = setup(r#","context_length":40960,"window_tokens":32768,"skip_count":true"#);
+    anchor_capped(&p, &mut host, "", 900);
     let (_, step) = send(&p, &mut host, "/v1/chat/completions", leak(session(2, "")));
     assert!(matches!(step, Step::Wait));
 }
 
 #[test]
 fn anthropic_turns_skip_too() {
-    let p = plugin(SKIP);
-    let mut host = FakeHost::default();
+    let (p, mut host) = setup(SKIP);
     let turn = |n: usize| anthropic_session(n, r#""max_tokens":32000"#);
     counted(
         &p,
@@ -502,13 +435,7 @@ fn a_count_above_its_bound_turns_skipping_off_for_the_route() {
         "/v1/chat/completions",
         leak(session(1, cap)),
     );
-    reply(
-        &other,
-        &mut host,
-        &mut o,
-        200,
-        r#"{"count":900,"max_model_len":40960}"#,
-    );
+    reply(&other, &mut host, &mut o, 200, &tokenized(900, 40960));
     let (mut y, _) = send(&p, &mut host, "/v1/chat/completions", leak(session(2, cap)));
     assert_eq!(action(&y, &p), "unchanged:fits");
     let bound: u64 = header(&y, &p, HEADER_PROMPT).unwrap().parse().unwrap();
@@ -537,29 +464,28 @@ fn sglang_and_llamacpp_count_a_tail_with_their_own_counters() {
     let cases = [
         (
             "sglang",
-            r#"{"count":24800,"max_model_len":40960}"#,
+            tokenized(24800, 40960),
             "/tokenize",
-            r#"{"count":120,"max_model_len":40960}"#,
+            tokenized(120, 40960),
         ),
         (
             "llamacpp",
-            r#"{"input_tokens":24800}"#,
+            r#"{"input_tokens":24800}"#.to_string(),
             "/v1/chat/completions/input_tokens",
-            r#"{"input_tokens":120}"#,
+            r#"{"input_tokens":120}"#.to_string(),
         ),
     ];
     for (backend, whole, path, tail) in cases {
-        let p = plugin(&format!(
+        let (p, mut host) = setup(&format!(
             r#","backend":"{backend}"|,"context_length":40960"#
         ));
-        let mut host = FakeHost::default();
         let cap = r#","max_tokens":16000"#;
         counted(
             &p,
             &mut host,
             "/v1/chat/completions",
             leak(session(1, cap)),
-            whole,
+            &whole,
         );
         let (mut y, step) = send(&p, &mut host, "/v1/chat/completions", leak(session(2, cap)));
         assert!(matches!(step, Step::Wait), "{backend}");
@@ -570,7 +496,7 @@ fn sglang_and_llamacpp_count_a_tail_with_their_own_counters() {
         assert_eq!(messages.len(), 2, "{backend}: the new messages alone");
         assert_eq!(messages[0]["role"], "assistant", "{backend}");
         assert!(sent.get("tools").is_none(), "{backend}: {sent}");
-        reply(&p, &mut host, &mut y, 200, tail);
+        reply(&p, &mut host, &mut y, 200, &tail);
         assert_eq!(action(&y, &p), "unchanged:fits", "{backend}");
         assert_eq!(host.calls.len(), 2, "{backend}: no whole count on the path");
     }

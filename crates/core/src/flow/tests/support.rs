@@ -75,6 +75,11 @@ impl FakeHost {
     }
 }
 
+/// A plugin configured with `extra` (see [`plugin_at`]) and a fresh host.
+pub fn setup(extra: &str) -> (Plugin, FakeHost) {
+    (plugin(extra), FakeHost::default())
+}
+
 pub fn plugin(extra: &str) -> Plugin {
     plugin_at("v", extra)
 }
@@ -126,6 +131,16 @@ pub fn settle(p: &Plugin, host: &mut FakeHost, x: &mut Exchange, step: &Step) {
     }
 }
 
+/// vLLM's `/tokenize` answer: `count` tokens, window `window`.
+pub fn tokenized(count: u64, window: u64) -> String {
+    format!(r#"{{"count":{count},"max_model_len":{window}}}"#)
+}
+
+/// A `/v1/models` answer naming model `m` with window `window`.
+pub fn models(window: u64) -> String {
+    format!(r#"{{"data":[{{"id":"m","max_model_len":{window}}}]}}"#)
+}
+
 /// The tokenizer's reply to call `token`: `body` whole.
 pub fn reply_of(token: u32, status: Option<u16>, body: &[u8]) -> Reply<'_> {
     Reply {
@@ -159,15 +174,15 @@ pub fn counted(
     (x, step)
 }
 
-/// A JSON answer with `status`, driven through the exchange: what the client receives.
+/// A JSON answer with `status`, driven through the exchange in one chunk (see [`answer`]).
 pub fn json_answer(
     x: &mut Exchange,
     p: &Plugin,
     host: &mut FakeHost,
     status: u16,
     body: &[u8],
-) -> Vec<u8> {
-    answer(x, p, host, status, "application/json", &[body]).1
+) -> (response::HeadStep, Vec<u8>) {
+    answer(x, p, host, status, "application/json", &[body])
 }
 
 /// The rewritten body as JSON.
@@ -246,10 +261,19 @@ pub const SKIP: &str = r#","context_length":40960,"skip_count":true"#;
 
 /// The first turn of `session` (one tool round, cap 16000), counted as `tokens`.
 pub fn anchor(p: &Plugin, host: &mut FakeHost, tokens: u64) {
-    let cap = r#","max_tokens":16000"#;
-    let (mut x, _) = send(p, host, "/v1/chat/completions", leak(session(1, cap)));
-    let answer = format!(r#"{{"count":{tokens},"max_model_len":40960}}"#);
-    reply(p, host, &mut x, 200, &answer);
+    anchor_capped(p, host, r#","max_tokens":16000"#, tokens);
+}
+
+/// The first turn of `session` with `cap` (its members), counted as `tokens` of 40960.
+pub fn anchor_capped(p: &Plugin, host: &mut FakeHost, cap: &str, tokens: u64) {
+    let body = leak(session(1, cap));
+    counted(
+        p,
+        host,
+        "/v1/chat/completions",
+        body,
+        &tokenized(tokens, 40960),
+    );
 }
 
 /// The context length learned for `model` on route `route`.

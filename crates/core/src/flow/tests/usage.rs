@@ -35,8 +35,7 @@ fn stream_answer(p: &Plugin, host: &mut FakeHost, x: &mut Exchange, text: &str, 
 
 #[test]
 fn a_skipped_turn_is_checked_and_anchored_by_its_answers_usage() {
-    let p = plugin(r#","context_length":40960"#);
-    let mut host = FakeHost::default();
+    let (p, mut host) = setup(r#","context_length":40960"#);
     let mut x = first_turn(&p, &mut host, 900);
     stream_answer(&p, &mut host, &mut x, &anthropic_stream(900, 0), 7);
     assert_eq!(host.count(Metric::UsageMismatch), 0);
@@ -84,8 +83,7 @@ fn a_skipped_turn_is_checked_and_anchored_by_its_answers_usage() {
 
 #[test]
 fn a_usage_above_the_bound_turns_skipping_off() {
-    let p = plugin(r#","context_length":40960"#);
-    let mut host = FakeHost::default();
+    let (p, mut host) = setup(r#","context_length":40960"#);
     let mut x = first_turn(&p, &mut host, 900);
     stream_answer(&p, &mut host, &mut x, &anthropic_stream(900, 0), 64);
     let (mut y, _) = send(&p, &mut host, "/v1/messages", anthropic_session(2, CAP));
@@ -100,8 +98,7 @@ fn a_usage_above_the_bound_turns_skipping_off() {
 
 #[test]
 fn an_answer_without_usage_is_checked_by_a_count_after_it() {
-    let p = plugin(r#","context_length":40960"#);
-    let mut host = FakeHost::default();
+    let (p, mut host) = setup(r#","context_length":40960"#);
     let mut x = first_turn(&p, &mut host, 900);
     stream_answer(&p, &mut host, &mut x, &anthropic_stream(900, 0), 64);
     let (mut y, _) = send(&p, &mut host, "/v1/messages", anthropic_session(2, CAP));
@@ -116,8 +113,7 @@ fn an_answer_without_usage_is_checked_by_a_count_after_it() {
 
 #[test]
 fn a_usage_that_differs_from_the_count_is_counted_each_time() {
-    let p = plugin(r#","context_length":40960,"skip_count":false"#);
-    let mut host = FakeHost::default();
+    let (p, mut host) = setup(r#","context_length":40960,"skip_count":false"#);
     let mut x = first_turn(&p, &mut host, 900);
     stream_answer(&p, &mut host, &mut x, &anthropic_stream(900, 0), 5);
     // The same request again, from the cache: its answers' usage checks the stored count.

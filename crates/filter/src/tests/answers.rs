@@ -184,22 +184,9 @@ fn an_anthropic_stream_ended_by_the_window_says_so_as_it_passes() {
 
 /// An Anthropic request whose cap the window wrote (1096 of 4096 after a count of 3000).
 fn windowed(vm: &mut Vm, root: u32) -> u32 {
-    let id = vm.context();
-    vm.filter.on_context_create(id, root);
-    vm.host.effective = id;
     let body = r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":32000}"#;
-    vm.host.request_headers.insert(
-        id,
-        vec![
-            (":method".into(), "POST".into()),
-            (":path".into(), "/v1/messages".into()),
-        ],
-    );
-    vm.filter.on_request_headers(&mut vm.host, id, false);
-    vm.host.request_body.insert(id, body.as_bytes().to_vec());
     let calls = vm.host.calls().len();
-    vm.filter
-        .on_request_body(&mut vm.host, id, body.len(), true);
+    let (id, _) = vm.post(root, "/v1/messages", body);
     // Counted once; later requests find the count in the cache.
     if vm.host.calls().len() > calls {
         let token = vm.last_token();

@@ -64,18 +64,10 @@ fn the_answer_of_a_gone_stream_is_stored_without_its_body() {
     vm.answer(root, token, 200, &count(96));
     assert_eq!(vm.filter.held(), (0, 0, 0));
     assert_eq!(vm.host.metric("incontext_orphans"), 0);
-    assert!(vm
-        .host
-        .events
-        .iter()
-        .all(|e| !matches!(e, Event::Resume { .. })));
+    assert_eq!(vm.host.resumes(), 0);
 
     // The same prompt again: a cache hit, no call.
-    let (again, step) = vm.send(root, CHAT);
-    assert_eq!(step, CONTINUE);
-    assert_eq!(vm.host.calls().len(), 1);
-    assert_eq!(vm.body_of(again)["max_tokens"], 4096 - 96);
-    assert_eq!(vm.host.metric("incontext_cache_hits"), 1);
+    vm.cache_hit(root, 4096 - 96);
 }
 
 #[test]
@@ -110,20 +102,12 @@ fn an_answer_for_a_stream_the_host_no_longer_knows_is_stored_as_an_orphans() {
         (0, 0, 0),
         "the stream and its call are forgotten"
     );
-    assert!(vm
-        .host
-        .events
-        .iter()
-        .all(|e| !matches!(e, Event::Resume { .. })));
+    assert_eq!(vm.host.resumes(), 0);
     // Its deletion arrives later and changes nothing.
     vm.delete(stream);
     assert_eq!(vm.filter.held(), (0, 0, 0));
     // The answer was stored: the same prompt again is a cache hit, no call.
-    let (again, step) = vm.send(root, CHAT);
-    assert_eq!(step, CONTINUE);
-    assert_eq!(vm.host.calls().len(), 1);
-    assert_eq!(vm.body_of(again)["max_tokens"], 4096 - 96);
-    assert_eq!(vm.host.metric("incontext_cache_hits"), 1);
+    vm.cache_hit(root, 4096 - 96);
 }
 
 #[test]
@@ -185,11 +169,7 @@ fn unknown_tokens_and_contexts_change_nothing() {
         (1, 1, 0),
         "the stream still waits for its own call"
     );
-    assert!(vm
-        .host
-        .events
-        .iter()
-        .all(|e| !matches!(e, Event::Resume { .. })));
+    assert_eq!(vm.host.resumes(), 0);
     vm.answer(root, vm.last_token(), 200, &count(1));
     assert_eq!(vm.body_of(stream)["max_tokens"], 4095);
 }
@@ -198,17 +178,10 @@ fn unknown_tokens_and_contexts_change_nothing() {
 fn a_stream_gone_before_its_call_leaves_nothing() {
     let mut vm = Vm::new();
     let root = vm.root();
-    let id = vm.context();
-    vm.filter.on_context_create(id, root);
-    vm.host.effective = id;
-    vm.host.request_headers.insert(
-        id,
-        vec![
-            (":method".into(), "POST".into()),
-            (":path".into(), "/v1/chat/completions".into()),
-        ],
+    let (id, _) = vm.open(
+        root,
+        &[(":method", "POST"), (":path", "/v1/chat/completions")],
     );
-    vm.filter.on_request_headers(&mut vm.host, id, false);
     vm.host.request_body.insert(id, b"{\"mo".to_vec());
     assert_eq!(vm.filter.on_request_body(&mut vm.host, id, 4, false), PAUSE);
     vm.delete(id);
@@ -224,24 +197,7 @@ fn the_window_call_then_the_count_call_each_get_their_token() {
     );
     assert!(ok);
     let body = r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":100000}"#;
-    let (stream, _) = {
-        let id = vm.context();
-        vm.filter.on_context_create(id, root);
-        vm.host.effective = id;
-        vm.host.request_headers.insert(
-            id,
-            vec![
-                (":method".into(), "POST".into()),
-                (":path".into(), "/v1/messages".into()),
-            ],
-        );
-        vm.filter.on_request_headers(&mut vm.host, id, false);
-        vm.host.request_body.insert(id, body.as_bytes().to_vec());
-        let step = vm
-            .filter
-            .on_request_body(&mut vm.host, id, body.len(), true);
-        (id, step)
-    };
+    let (stream, _) = vm.post(root, "/v1/messages", body);
     let window = vm.last_token();
     assert_eq!(vm.host.calls()[0].2, "/v1/models");
     vm.answer(

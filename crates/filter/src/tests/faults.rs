@@ -60,18 +60,15 @@ fn run(s: Scenario, fail: Option<usize>) -> Run {
     assert!(ok);
     let start = vm.host.trace.len();
     vm.host.fail_at = fail.map(|k| start + k);
-    let stream = vm.context();
-    vm.filter.on_context_create(stream, root);
-    vm.host.effective = stream;
-    vm.host.request_headers.insert(
-        stream,
-        vec![
-            (":method".into(), s.method.into()),
-            (":path".into(), "/v1/chat/completions".into()),
-            ("content-length".into(), CHAT.len().to_string()),
+    let length = CHAT.len().to_string();
+    let (stream, _) = vm.open(
+        root,
+        &[
+            (":method", s.method),
+            (":path", "/v1/chat/completions"),
+            ("content-length", &length),
         ],
     );
-    vm.filter.on_request_headers(&mut vm.host, stream, false);
     vm.host
         .request_body
         .insert(stream, CHAT.as_bytes().to_vec());

@@ -279,6 +279,14 @@ impl Fake {
             .sum()
     }
 
+    /// How many times a stream was resumed.
+    pub(super) fn resumes(&self) -> usize {
+        self.events
+            .iter()
+            .filter(|e| matches!(e, Event::Resume { .. }))
+            .count()
+    }
+
     pub(super) fn calls(&self) -> Vec<(u32, u32, String)> {
         self.events
             .iter()
@@ -336,29 +344,60 @@ impl Vm {
         id
     }
 
-    /// A request through headers and its whole body: the stream and what the body callback
-    /// answered.
-    pub(super) fn send(&mut self, root: u32, body: &str) -> (u32, u32) {
+    /// A stream of `root` whose request head (`headers`) has reached the filter: the stream
+    /// and what the head callback answered.
+    pub(super) fn open(&mut self, root: u32, headers: &[(&str, &str)]) -> (u32, u32) {
         let id = self.context();
         self.filter.on_context_create(id, root);
         self.host.effective = id;
-        self.host.request_headers.insert(
-            id,
-            vec![
-                (":method".into(), "POST".into()),
-                (":path".into(), "/v1/chat/completions".into()),
-                ("content-length".into(), body.len().to_string()),
-            ],
-        );
-        assert_eq!(
-            self.filter.on_request_headers(&mut self.host, id, false),
-            CONTINUE
-        );
+        let headers = headers
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        self.host.request_headers.insert(id, headers);
+        let step = self.filter.on_request_headers(&mut self.host, id, false);
+        (id, step)
+    }
+
+    /// A POST to `path` through headers and its whole body: the stream and what the body
+    /// callback answered.
+    pub(super) fn post(&mut self, root: u32, path: &str, body: &str) -> (u32, u32) {
+        let (id, _) = self.open(root, &[(":method", "POST"), (":path", path)]);
         self.host.request_body.insert(id, body.as_bytes().to_vec());
         let step = self
             .filter
             .on_request_body(&mut self.host, id, body.len(), true);
         (id, step)
+    }
+
+    /// A chat request (with its content-length) through headers and its whole body: the
+    /// stream and what the body callback answered.
+    pub(super) fn send(&mut self, root: u32, body: &str) -> (u32, u32) {
+        let length = body.len().to_string();
+        let (id, step) = self.open(
+            root,
+            &[
+                (":method", "POST"),
+                (":path", "/v1/chat/completions"),
+                ("content-length", &length),
+            ],
+        );
+        assert_eq!(step, CONTINUE);
+        self.host.request_body.insert(id, body.as_bytes().to_vec());
+        let step = self
+            .filter
+            .on_request_body(&mut self.host, id, body.len(), true);
+        (id, step)
+    }
+
+    /// The chat again, after one call was made and stored: a cache hit (the first) that
+    /// writes `cap` without a call.
+    pub(super) fn cache_hit(&mut self, root: u32, cap: u64) {
+        let (again, step) = self.send(root, CHAT);
+        assert_eq!(step, CONTINUE);
+        assert_eq!(self.host.calls().len(), 1);
+        assert_eq!(self.body_of(again)["max_tokens"], cap);
+        assert_eq!(self.host.metric("incontext_cache_hits"), 1);
     }
 
     /// Envoy delivers the answer to call `token` in the context of the root that made it.

@@ -64,13 +64,8 @@ fn window_errors_reach_the_client_in_its_dialect() {
 
     // OpenAI chat, the prompt alone too long (exact count ≥ C): context_length_exceeded.
     let (p, mut host) = setup(r#","context_length":4096"#);
-    let (mut x, step) = counted(
-        &p,
-        &mut host,
-        "/v1/chat/completions",
-        CHAT,
-        &tokenized(5009, 4096),
-    );
+    let chat = "/v1/chat/completions";
+    let (mut x, step) = counted(&p, &mut host, chat, CHAT, &tokenized(5009, 4096));
     assert!(matches!(step, Step::Done(Action::Continue)));
     let (_, out) = json_answer(&mut x, &p, &mut host, 400, V32_PROMPT_ERROR.as_bytes());
     let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
@@ -82,13 +77,8 @@ fn window_errors_reach_the_client_in_its_dialect() {
 #[test]
 fn other_answers_pass_byte_for_byte() {
     let (p, mut host) = setup(r#","context_length":4096"#);
-    let (mut x, _) = counted(
-        &p,
-        &mut host,
-        "/v1/chat/completions",
-        CHAT,
-        &tokenized(40, 4096),
-    );
+    let chat = "/v1/chat/completions";
+    let (mut x, _) = counted(&p, &mut host, chat, CHAT, &tokenized(40, 4096));
     // Another 400, a look-alike, a huge error, a success: byte for byte.
     let other =
         br#"{"error":{"message":"temperature must be >= 0","type":"BadRequestError","code":400}}"#;

@@ -204,6 +204,9 @@ class Upstream:
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
             server_version = "fake-vllm/1"
+            # Headers and body go in separate writes: with Nagle's algorithm each answer on a
+            # kept-alive connection waits for the peer's delayed ACK (~40 ms).
+            disable_nagle_algorithm = True
 
             def log_message(self, fmt, *args):  # keep pytest output quiet
                 pass

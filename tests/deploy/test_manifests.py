@@ -5,8 +5,9 @@
     core Kubernetes; scripts/setup-deploy.sh installs them): types, enums, patterns, required
     fields, not unknown fields;
   - "crd": the CRD's openAPIV3Schema in ../shared/crds (or the directory INCONTEXT_CRDS
-    names) when that directory is there (as in CI), strictly (unknown fields are errors, as with kubectl's strict field validation).
-    CEL rules (x-kubernetes-validations) are not evaluated.
+    names) when that directory is there (as in CI), strictly (unknown fields are errors, as
+    with kubectl's strict field validation). CEL rules (x-kubernetes-validations) are not
+    evaluated.
   A kind with neither fails; without ../shared/crds the documents whose kinds only a CRD
   there covers (Envoy Gateway, AI Gateway, InferencePool) are reported as not validated in
   one skipped test (INCONTEXT_REQUIRE_CRDS=1, as .ci/run sets, makes that a failure).

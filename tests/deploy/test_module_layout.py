@@ -2,12 +2,14 @@
 the real Envoy with the built module.
 
 Envoy Gateway turns the EnvoyExtensionPolicy's `dynamicModule` entry and the EnvoyProxy's
-`dynamicModules` registration into (envoyproxy/gateway, internal/xds/translator/
-dynamicmodule.go): one HCM filter of type DynamicModuleFilter, `disabled: true`, that loads
-the module from the registered path (`dynamic_module_config.module.local.filename`, with
-`do_not_close`), with `filter_name` = filterName and `filter_config` = the policy's `config`
-as a JSON string (a google.protobuf.StringValue); the route enables it with an empty
-FilterConfig. The listener's buffer limit is the ClientTrafficPolicy's. That chain is built
+`dynamicModules` registration into (envoyproxy/gateway v1.8.0, internal/gatewayapi/
+envoyextensionpolicy.go and internal/xds/translator/dynamicmodule.go): one HCM filter of type
+DynamicModuleFilter named
+`envoy.filters.http.dynamic_modules/envoyextensionpolicy/<namespace>/<policy>/dynamic-module/<i>`,
+`disabled: true`, that loads the module from the registered path
+(`dynamic_module_config.module.local.filename`, with `do_not_close`), with `filter_name` =
+filterName and `filter_config` = the policy's `config` as a JSON string (a
+google.protobuf.StringValue); the route enables it with an empty FilterConfig. The listener's buffer limit is the ClientTrafficPolicy's. That chain is built
 here from the shipped manifests, the module path pointed at the built module, and one request
 goes through it to a fake vLLM: it is counted and rewritten. The same chain without the
 route's FilterConfig leaves the request alone, so the check can fail.
@@ -42,7 +44,9 @@ def module_gateway(listen_port: int, admin_port: int, upstream, module_path: str
     (dm,) = eep["spec"]["dynamicModule"]
     (entry,) = [m for m in proxy["spec"]["dynamicModules"] if m["name"] == dm["name"]]
     assert entry["source"]["local"]["path"].endswith("/" + Path(module_path).name), entry
-    name = f"envoy.filters.http.dynamic_modules/{eep['metadata']['name']}/{dm['name']}"
+    meta = eep["metadata"]
+    name = ("envoy.filters.http.dynamic_modules/envoyextensionpolicy/"
+            f"{meta['namespace']}/{meta['name']}/dynamic-module/0")
     module = layouts._typed(DM_TYPE, **{
         "dynamic_module_config": {"module": {"local": {"filename": module_path}},
                                   "do_not_close": bool(entry.get("doNotClose", False))},

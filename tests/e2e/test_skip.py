@@ -4,6 +4,8 @@ bound turns skipping off for the route."""
 
 import time
 
+import pytest
+
 from tests.e2e.common import C, assert_rewritten, assert_unchanged, cfg, chat, nonce
 from tests.harness.upstream import ok
 
@@ -55,6 +57,7 @@ def wait_for_calls(upstream, n, timeout=10.0):
     raise AssertionError(f"expected {n} tokenizer calls, saw {len(upstream.tokenizer.snapshot())}")
 
 
+@pytest.mark.glues("wasm")   # the count after the stream (tests/e2e/README.md)
 def test_a_grown_turn_skips_the_count_and_is_checked_after(proxy_for, upstream):
     proxy = proxy_for(SKIP, fresh=True)
     _, second = second_turn(proxy, upstream, 16000, lambda rec: ok(1000))
@@ -74,6 +77,7 @@ def test_a_grown_turn_skips_the_count_and_is_checked_after(proxy_for, upstream):
     assert "incontext_count_ms_bucket" in prom and "incontext_count_ms_count" in prom, prom[-2000:]
 
 
+@pytest.mark.glues("wasm")   # the count after the stream (tests/e2e/README.md)
 def test_a_count_above_its_bound_turns_skipping_off(proxy_for, upstream):
     """A tokenizer whose counts break the byte bound (far more tokens than bytes)."""
     proxy = proxy_for(SKIP, fresh=True)
@@ -127,6 +131,7 @@ def tail_count(anchor, tail):
     return behaviour
 
 
+@pytest.mark.glues("wasm")   # the count after the stream (tests/e2e/README.md)
 def test_the_new_messages_counted_alone_prove_what_their_bytes_do_not(proxy_for, upstream):
     proxy = proxy_for(SKIP, fresh=True)
     # W − B leaves 300 tokens after the first turn's 1000: a tool round's bytes (≈ 400) do not

@@ -1,7 +1,9 @@
 //! One HTTP stream's callbacks: each reads what Envoy has, hands it to the core's `Exchange`,
 //! and applies the step it returns. The request head is held (StopIteration) while its body
-//! is buffered and decided, so nothing goes upstream before the decision; every panic is
-//! caught here ([`Stream::guard`]) and the stream then passes everything as it comes.
+//! is buffered and decided, so nothing goes upstream before the decision; a held request is
+//! held to its end and goes on whole, with its Content-Length (as the buffer filter after the
+//! wasm filter sends it). Every panic is caught here ([`Stream::guard`]) and the stream then
+//! passes everything as it comes.
 
 use crate::envoy::{Body, Envoy, Headers};
 use crate::metrics::Metrics;
@@ -103,6 +105,35 @@ enum Held {
     Answered,
 }
 
+/// Sets the Content-Length of a held request that came without one (chunked, or HTTP/2) to
+/// the body Envoy holds.
+fn frame(envoy: &mut dyn Envoy) {
+    let n = envoy.body_size(Body::Request).to_string();
+    if !envoy.set_header(Headers::Request, "content-length", Some(&n)) {
+        log::warn!("incontext: cannot set the request's content-length");
+    }
+}
+
+/// Hands the exchange the answer's bytes Envoy holds (what it buffered and, in a body
+/// callback, the chunk that arrived) and puts back what it returns; a host failure leaves the
+/// rest of the answer unwatched.
+fn edit_answer(exchange: &mut Exchange, plugin: &Plugin, view: &mut View, end_of_stream: bool) {
+    let Some(data) = view.envoy.read_body(Body::Response) else {
+        log::warn!("incontext: cannot read the answer");
+        exchange.on_response_host_error();
+        return;
+    };
+    match exchange.on_response_data(plugin, view, &data, end_of_stream) {
+        response::Edit::Keep => {}
+        response::Edit::Replace(out) => {
+            if !view.envoy.replace_body(Body::Response, &out) {
+                log::warn!("incontext: cannot replace the answer");
+                exchange.on_response_host_error();
+            }
+        }
+    }
+}
+
 /// The answer to a tokenizer call, as Envoy delivered it.
 #[derive(Debug, Clone, Copy)]
 pub struct CallAnswer<'a> {
@@ -117,8 +148,10 @@ pub struct CallAnswer<'a> {
 pub struct Stream {
     shared: Arc<Shared>,
     exchange: Exchange,
-    /// The request came with a content-length: after a rewrite it is set to the new length.
+    /// The request came with a content-length (else, held, it gets one when it goes on).
     length: bool,
+    /// The request head is held: the request goes on whole, once it has ended.
+    held: bool,
     /// A panic was caught: everything passes as it comes.
     broken: bool,
 }
@@ -129,6 +162,7 @@ impl Stream {
             shared,
             exchange: Exchange::new(),
             length: false,
+            held: false,
             broken: false,
         }
     }
@@ -180,11 +214,16 @@ impl Stream {
         self.with(envoy, |exchange, plugin, view| {
             let (held, applied) = match step {
                 Step::Wait => return Held::Waiting,
-                Step::Done(Action::Continue) => return Held::Go,
+                Step::Done(Action::Continue) => {
+                    if !length {
+                        frame(view.envoy);
+                    }
+                    return Held::Go;
+                }
                 Step::Done(Action::Rewrite(rewrite)) => {
                     let body = rewrite.into_body();
                     let mut ok = view.envoy.replace_body(Body::Request, &body);
-                    if ok && length {
+                    if ok {
                         let n = body.len().to_string();
                         ok = view
                             .envoy
@@ -229,33 +268,53 @@ impl Stream {
             content_length: length.as_deref(),
             end_of_stream,
         };
-        self.with(envoy, |exchange, plugin, view| {
+        let status = self.with(envoy, |exchange, plugin, view| {
             match exchange.on_headers(plugin, view, &head) {
                 RequestHeadStep::Continue => HeadStatus::Continue,
-                // Held with its body: Envoy's framing stays, set again after a rewrite.
+                // Held with its body; it goes on with its Content-Length.
                 RequestHeadStep::Buffer => HeadStatus::Stop,
             }
-        })
+        });
+        self.held = status == HeadStatus::Stop;
+        status
+    }
+
+    /// The flow lets the request go: a held one goes on once it has ended, whole, with its
+    /// Content-Length.
+    fn pass(&mut self, envoy: &mut dyn Envoy, end_of_stream: bool) -> DataStatus {
+        if !self.held {
+            return DataStatus::Continue;
+        }
+        if !end_of_stream {
+            return DataStatus::Buffer;
+        }
+        if !self.length {
+            frame(envoy);
+        }
+        DataStatus::Continue
     }
 
     pub fn request_body(&mut self, envoy: &mut dyn Envoy, end_of_stream: bool) -> DataStatus {
         let read = self.with(envoy, |exchange, plugin, view| {
             let size = view.envoy.body_size(Body::Request);
             match exchange.on_body_chunk(plugin, view, size, end_of_stream) {
-                RequestBodyStep::Continue => return Err(DataStatus::Continue),
-                RequestBodyStep::Buffer | RequestBodyStep::Wait => return Err(DataStatus::Buffer),
+                RequestBodyStep::Continue => return Err(None),
+                RequestBodyStep::Buffer | RequestBodyStep::Wait => {
+                    return Err(Some(DataStatus::Buffer))
+                }
                 RequestBodyStep::Read => {}
             }
             let Some(body) = view.envoy.read_body(Body::Request) else {
                 log::warn!("incontext: cannot read the body");
                 exchange.on_host_error(plugin, view);
-                return Err(DataStatus::Continue);
+                return Err(None);
             };
             Ok(exchange.on_body(plugin, view, body))
         });
         let step = match read {
             Ok(step) => step,
-            Err(status) => return status,
+            Err(Some(status)) => return status,
+            Err(None) => return self.pass(envoy, end_of_stream),
         };
         match self.apply(envoy, step) {
             Held::Waiting => DataStatus::Buffer,
@@ -264,10 +323,15 @@ impl Stream {
         }
     }
 
+    /// The request ends in trailers: a held request goes on whole (its body was not
+    /// budgeted, or is decided already).
     pub fn request_trailers(&mut self, envoy: &mut dyn Envoy) {
         self.with(envoy, |exchange, plugin, view| {
             exchange.on_trailers(plugin, view)
-        })
+        });
+        if self.held && !self.length {
+            frame(envoy);
+        }
     }
 
     /// The answer to call `id`.
@@ -340,21 +404,19 @@ impl Stream {
                 response::BodyStep::Buffer => return DataStatus::Buffer,
                 response::BodyStep::Read => {}
             }
-            let Some(data) = view.envoy.read_body(Body::Response) else {
-                log::warn!("incontext: cannot read the answer");
-                exchange.on_response_host_error();
-                return DataStatus::Continue;
-            };
-            match exchange.on_response_data(plugin, view, &data, end_of_stream) {
-                response::Edit::Keep => {}
-                response::Edit::Replace(out) => {
-                    if !view.envoy.replace_body(Body::Response, &out) {
-                        log::warn!("incontext: cannot replace the answer");
-                        exchange.on_response_host_error();
-                    }
-                }
-            }
+            edit_answer(exchange, plugin, view, end_of_stream);
             DataStatus::Continue
+        })
+    }
+
+    /// The answer ends in trailers: the end of its body, with no more bytes. What the
+    /// exchange holds (an error body Envoy buffered, a watched answer's held tail) goes out
+    /// before them, edited as at the end of a body.
+    pub fn response_trailers(&mut self, envoy: &mut dyn Envoy) {
+        self.with(envoy, |exchange, plugin, view| {
+            if exchange.on_response_body(0, true) == response::BodyStep::Read {
+                edit_answer(exchange, plugin, view, true);
+            }
         })
     }
 

@@ -398,3 +398,116 @@ fn a_config_is_refused_with_its_field_named() {
         .unwrap();
     assert!(err.contains("filter_name"), "{err}");
 }
+
+#[test]
+fn a_window_error_ending_in_trailers_is_translated_before_them() {
+    let (shared, names) = shared(CONFIG);
+    let body = chat("no room left", 100_000);
+    let mut f = post(&body);
+    let mut s = Stream::new(shared.clone());
+    assert_eq!(s.request_headers(&mut f, false), HeadStatus::Stop);
+    assert_eq!(send_body(&mut s, &mut f, &body), DataStatus::Buffer);
+    s.callout_done(&mut f, 7, &answer(&tokenizer_answer(32_000)));
+    assert_eq!(f.resumed, 1);
+    assert_eq!(f.request_body, body);
+
+    f.response_headers = vec![
+        (":status".into(), "400".into()),
+        ("content-type".into(), "application/json".into()),
+    ];
+    assert_eq!(s.response_headers(&mut f, false), HeadStatus::Continue);
+    let error = br#"{"error":{"message":"This model's maximum context length is 32768 tokens. However, your prompt contains at least 32769 input tokens, which exceeds this limit even without any output tokens. Please reduce the length of the input prompt. (parameter=input_tokens, value=32769)","type":"BadRequestError","param":"input_tokens","code":400}}"#;
+    // The error is buffered whole; its body ends in trailers, with no more bytes.
+    f.response_body = error.to_vec();
+    assert_eq!(s.response_body(&mut f, false), DataStatus::Buffer);
+    s.response_trailers(&mut f);
+    let sent: serde_json::Value = serde_json::from_slice(&f.response_body).unwrap();
+    assert_eq!(sent["error"]["code"], "context_length_exceeded", "{sent}");
+    let moved = counted(&names, &f);
+    assert!(
+        moved.contains(&("incontext_translated".to_string(), 1)),
+        "{moved:?}"
+    );
+
+    // Trailers of an answer that is not watched change nothing.
+    let mut g = post(&body);
+    let mut t = Stream::new(shared);
+    g.response_headers = vec![(":status".into(), "200".into())];
+    assert_eq!(t.response_headers(&mut g, false), HeadStatus::Continue);
+    g.response_body = b"plain".to_vec();
+    assert_eq!(t.response_body(&mut g, false), DataStatus::Continue);
+    t.response_trailers(&mut g);
+    assert_eq!(g.response_body, b"plain");
+}
+
+/// A POST of `body` with no content-length (chunked over HTTP/1, or HTTP/2).
+fn post_unframed(body: &[u8]) -> Fake {
+    let mut f = post(body);
+    f.request_headers.retain(|(k, _)| k != "content-length");
+    f
+}
+
+#[test]
+fn a_held_request_without_a_length_goes_on_whole_with_one() {
+    let config = format!(
+        "{},\"max_body_bytes\":64}}",
+        CONFIG.trim_end().trim_end_matches('}')
+    );
+    let (shared, names) = shared(&config);
+    // Over max_body_bytes: not budgeted, but held to its end all the same.
+    let body = chat("a body over the limit", 100_000);
+    let mut f = post_unframed(&body);
+    let mut s = Stream::new(shared.clone());
+    assert_eq!(s.request_headers(&mut f, false), HeadStatus::Stop);
+    f.request_body = body[..80].to_vec();
+    assert_eq!(s.request_body(&mut f, false), DataStatus::Buffer);
+    f.request_body = body.clone();
+    assert_eq!(s.request_body(&mut f, true), DataStatus::Continue);
+    assert!(f.callouts.is_empty());
+    assert_eq!(f.request_body, body);
+    let n = body.len().to_string();
+    assert_eq!(
+        header(&f.request_headers, "content-length"),
+        Some(n.as_str())
+    );
+    assert_eq!(
+        counted(&names, &f),
+        counts(&[
+            ("incontext_requests", 1),
+            ("incontext_unchanged_too_large", 1)
+        ])
+    );
+
+    // Ended by trailers before its end of stream: unchanged, with its length.
+    let small = br#"{"messages":[]}"#;
+    let mut g = post_unframed(small);
+    let mut t = Stream::new(shared);
+    assert_eq!(t.request_headers(&mut g, false), HeadStatus::Stop);
+    g.request_body = small.to_vec();
+    assert_eq!(t.request_body(&mut g, false), DataStatus::Buffer);
+    t.request_trailers(&mut g);
+    let n = small.len().to_string();
+    assert_eq!(
+        header(&g.request_headers, "content-length"),
+        Some(n.as_str())
+    );
+    assert_eq!(g.request_body, small);
+}
+
+#[test]
+fn a_rewritten_request_without_a_length_gets_its_new_one() {
+    let (shared, _) = shared(CONFIG);
+    let body = chat("sent chunked", 100_000);
+    let mut f = post_unframed(&body);
+    let mut s = Stream::new(shared);
+    assert_eq!(s.request_headers(&mut f, false), HeadStatus::Stop);
+    assert_eq!(send_body(&mut s, &mut f, &body), DataStatus::Buffer);
+    s.callout_done(&mut f, 7, &answer(&tokenizer_answer(1000)));
+    assert_eq!(f.resumed, 1);
+    assert_ne!(f.request_body, body);
+    let n = f.request_body.len().to_string();
+    assert_eq!(
+        header(&f.request_headers, "content-length"),
+        Some(n.as_str())
+    );
+}

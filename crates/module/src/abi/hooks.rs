@@ -256,10 +256,13 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_response_body(
 }
 
 #[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_response_trailers(
-    _filter_envoy_ptr: HttpFilterEnvoyPtr,
-    _filter_module_ptr: HttpFilterModulePtr,
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_response_trailers(
+    filter_envoy_ptr: HttpFilterEnvoyPtr,
+    filter_module_ptr: HttpFilterModulePtr,
 ) -> OnHttpFilterResponseTrailersStatus {
+    on_stream(filter_envoy_ptr, filter_module_ptr, None, |s, f| {
+        s.guard(f, (), false, |s, e| s.response_trailers(e))
+    });
     envoy_dynamic_module_type_on_http_filter_response_trailers_status_Continue
 }
 

@@ -28,8 +28,8 @@ from tests.harness.promql import analyser  # noqa: F401 (a fixture)
 from tests.harness.upstream import Answer, ok
 
 # The shipped dashboard and rules read the wasm build's names (Envoy 1.40 exports them as
-# `incontext_*`; the module's are `envoy_dynamicmodulescustom_incontext_*`), and the traffic
-# includes counts made after their stream: wasm only (tests/e2e/README.md).
+# `incontext_*`; the module's are `envoy_dynamicmodulescustom_incontext_*`), and one counter
+# they read moves after its stream: wasm only (tests/e2e/README.md).
 pytestmark = pytest.mark.glues("wasm")
 
 STRICT = "strict/model"

@@ -5,6 +5,7 @@
 //! wasm filter sends it). Every panic is caught here ([`Stream::guard`]) and the stream then
 //! passes everything as it comes.
 
+use crate::calls::Calls;
 use crate::envoy::{Body, Envoy, Headers};
 use crate::metrics::Metrics;
 use crate::table::TABLE;
@@ -20,6 +21,8 @@ use std::sync::Arc;
 pub struct Shared {
     pub plugin: Plugin,
     pub metrics: Metrics,
+    /// The calls made after their stream.
+    pub calls: Calls,
 }
 
 /// What to do with a header block.
@@ -45,6 +48,16 @@ pub enum DataStatus {
 struct View<'a> {
     envoy: &'a mut dyn Envoy,
     metrics: &'a Metrics,
+    /// Calls go out on behalf of the configuration (the stream is ending).
+    later: Option<&'a Calls>,
+}
+
+/// The clock, in milliseconds since the epoch.
+pub fn now_ms() -> Option<u64> {
+    let since = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .ok()?;
+    u64::try_from(since.as_millis()).ok()
 }
 
 impl Host for View<'_> {
@@ -63,6 +76,9 @@ impl Host for View<'_> {
         call: &Call,
         timeout_ms: u64,
     ) -> Option<u32> {
+        if let Some(calls) = self.later {
+            return calls.send(cluster, headers, call, timeout_ms);
+        }
         let body = call.body.as_deref().unwrap_or_default();
         let id = self.envoy.callout(cluster, headers, body, timeout_ms)?;
         // An id past u32 cannot be told apart: its answer will find no call waiting.
@@ -76,10 +92,7 @@ impl Host for View<'_> {
     }
 
     fn now_ms(&mut self) -> Option<u64> {
-        let since = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .ok()?;
-        u64::try_from(since.as_millis()).ok()
+        now_ms()
     }
 
     fn record(&mut self, histogram: Histogram, value: u64) {
@@ -154,6 +167,8 @@ pub struct Stream {
     held: bool,
     /// A panic was caught: everything passes as it comes.
     broken: bool,
+    /// The call still out was made on behalf of the configuration (after the stream).
+    later: bool,
 }
 
 impl Stream {
@@ -164,6 +179,7 @@ impl Stream {
             length: false,
             held: false,
             broken: false,
+            later: false,
         }
     }
 
@@ -204,6 +220,7 @@ impl Stream {
         let mut view = View {
             envoy,
             metrics: &self.shared.metrics,
+            later: None,
         };
         f(&mut self.exchange, &self.shared.plugin, &mut view)
     }
@@ -420,10 +437,34 @@ impl Stream {
         })
     }
 
-    /// The stream is gone. Envoy cancels its calls with it: a call still out is not kept
+    /// The stream is complete (answered, or reset): a request sent on a bound is counted now,
+    /// by a call of the configuration (Envoy would cancel the stream's own with it).
+    pub fn complete(&mut self, envoy: &mut dyn Envoy) {
+        let shared = self.shared.clone();
+        let mut view = View {
+            envoy,
+            metrics: &shared.metrics,
+            later: Some(&shared.calls),
+        };
+        let before = self.exchange.pending_token();
+        self.exchange.on_stream_end(&shared.plugin, &mut view);
+        let after = self.exchange.pending_token();
+        self.later = after.is_some() && after != before;
+    }
+
+    /// The stream is gone. A count made after it goes on without it (its answer is stored);
+    /// Envoy cancels the stream's own calls: such a call still out is not kept
     /// (docs/module.md).
     pub fn destroyed(mut self) {
-        if !self.broken && self.exchange.abandon().is_some() {
+        if self.broken {
+            return;
+        }
+        let Some(orphan) = self.exchange.abandon() else {
+            return;
+        };
+        if self.later {
+            self.shared.calls.adopt(orphan, &self.shared.plugin);
+        } else {
             log::debug!("incontext: a tokenizer call was cancelled with its stream");
         }
     }

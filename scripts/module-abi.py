@@ -20,7 +20,9 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-RUST = ROOT / "crates" / "module" / "src" / "abi.rs"
+# The bindings and the hooks (abi.rs and abi/hooks.rs).
+RUST = (ROOT / "crates" / "module" / "src" / "abi.rs",
+        ROOT / "crates" / "module" / "src" / "abi" / "hooks.rs")
 BOUND = ROOT / "crates" / "module" / "abi" / "bound.h"
 PREFIX = "envoy_dynamic_module_type_"
 
@@ -46,7 +48,7 @@ def main() -> int:
     check = "--check" in sys.argv[3:]
     raw = header.read_bytes()
     src = strip_comments(raw.decode("utf-8"))
-    rust = RUST.read_text(encoding="utf-8")
+    rust = "".join(p.read_text(encoding="utf-8") for p in RUST)
     functions = set(re.findall(r"\bfn (envoy_dynamic_module_\w+)", rust))
     types = set(re.findall(r"\bpub (?:type|struct) (\w+)", rust))
 

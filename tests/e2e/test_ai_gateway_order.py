@@ -50,6 +50,10 @@ CLIENT_CAP = 100000                       # more than the window leaves
 HOLD_BTP = layouts.manifest("ai-gateway/hold-request.yaml", "BackendTrafficPolicy")
 HOLD_EG_PROXY = layouts.manifest("envoy-gateway/hold-request.yaml", "EnvoyProxy")
 
+# Envoy AI Gateway loads the wasm build (an EnvoyExtensionPolicy): these tests run it only
+# (tests/e2e/README.md).
+pytestmark = pytest.mark.glues("wasm")
+
 WASM_NAME = "envoy.filters.http.wasm/envoyextensionpolicy/llm/incontext-ai-gateway/wasm/0"
 LAYOUTS = {
     "ai-gateway-with-hold-request": (
@@ -79,7 +83,7 @@ class AIGatewayEnvoy(Envoy):
 
 
 @pytest.fixture(scope="module", params=list(LAYOUTS))
-def gw(request, envoy_bin, wasm, tmp_path_factory):
+def gw(request, envoy_bin, glue, tmp_path_factory):
     name = request.param
     kw, _ = LAYOUTS[name]
     rec = RecordingUpstream().start()

@@ -1,7 +1,8 @@
 """docs/spec.md §8: the plugin configuration. Envoy must refuse a bad one at startup, naming the field.
 
-`envoy --mode validate` loads the wasm and runs the filter's on_configure, so a refused plugin
-configuration is a non-zero exit.
+`envoy --mode validate` loads the build under test and runs its configuration (the wasm
+filter's on_configure, the module's filter_config_new), so a refused plugin configuration is a
+non-zero exit.
 """
 
 import copy
@@ -10,7 +11,8 @@ import json
 import pytest
 
 from tests.e2e.common import MAIN, cfg
-from tests.harness.envoy import Envoy, EnvoyError, no_filter, shipped_plugin_config, validate
+from tests.harness.envoy import (FILTER_LOG, Envoy, EnvoyError, no_filter, shipped_plugin_config,
+                                 validate)
 
 
 @pytest.fixture(scope="module")
@@ -18,8 +20,8 @@ def vdir(tmp_path_factory):
     return tmp_path_factory.mktemp("validate")
 
 
-def run_validate(envoy_bin, vdir, plugin_config, wasm):
-    return validate(envoy_bin, vdir, plugin_config)
+def run_validate(envoy_bin, vdir, plugin_config, glue):
+    return validate(envoy_bin, vdir, plugin_config, glue=glue, name=f"validate-{glue}")
 
 
 @pytest.mark.parametrize("name,plugin_config", [
@@ -45,9 +47,9 @@ def run_validate(envoy_bin, vdir, plugin_config, wasm):
     ("routes_over_top_level", cfg(routes=[{"model": "coder", "window_tokens": 16384}])),
     ("vllm_render", cfg(tokenizer={"backend": "vllm-render"})),
 ])
-def test_valid_configs_are_accepted(envoy_bin, wasm, vdir, name, plugin_config):
+def test_valid_configs_are_accepted(envoy_bin, glue, vdir, name, plugin_config):
     pc = shipped_plugin_config() if plugin_config is None else plugin_config
-    rc, out = run_validate(envoy_bin, vdir, pc, wasm)
+    rc, out = run_validate(envoy_bin, vdir, pc, glue)
     assert rc == 0, f"valid config {name} refused (exit {rc}):\n{out[-3000:]}"
 
 
@@ -111,24 +113,24 @@ REFUSED = [
 
 
 @pytest.mark.parametrize("name,plugin_config,fields", REFUSED, ids=[r[0] for r in REFUSED])
-def test_bad_configs_are_refused(envoy_bin, wasm, vdir, name, plugin_config, fields):
-    rc, out = run_validate(envoy_bin, vdir, plugin_config, wasm)
+def test_bad_configs_are_refused(envoy_bin, glue, vdir, name, plugin_config, fields):
+    rc, out = run_validate(envoy_bin, vdir, plugin_config, glue)
     assert rc != 0, f"config {name} was accepted; log tail:\n{out[-2000:]}"
     if fields:
-        filter_lines = "\n".join(l for l in out.splitlines() if "wasm log" in l)
+        filter_lines = "\n".join(l for l in out.splitlines() if FILTER_LOG[glue] in l)
         assert any(f in filter_lines for f in fields), (
             f"no filter log line names {fields} for {name}:\n{out[-3000:]}")
 
 
-def test_refused_config_stops_envoy_start(envoy_bin, wasm, upstream, tmp_path):
+def test_refused_config_stops_envoy_start(envoy_bin, glue, upstream, tmp_path):
     env = Envoy(envoy_bin, tmp_path, cfg(window_tokens=5000), (upstream.host, upstream.port),
-                remove_filter=no_filter(), refusal_expected=True)
+                remove_filter=no_filter(), refusal_expected=True, glue=glue)
     try:
         with pytest.raises(EnvoyError):
             env.start(timeout=30)
     finally:
         env.stop()
-    filter_lines = "\n".join(l for l in env.log_text().splitlines() if "wasm log" in l)
+    filter_lines = "\n".join(l for l in env.log_text().splitlines() if FILTER_LOG[glue] in l)
     assert "fallback_margin_tokens" in filter_lines or "min_output_tokens" in filter_lines
 
 

@@ -6,6 +6,7 @@ import pytest
 
 from tests.e2e.common import (C, F, MODEL, R, W, assert_rewritten, assert_unchanged, cfg, chat, dumps,
                         nonce)
+from tests.harness.envoy import FILTER_LOG
 from tests.harness.spec import decide, estimate, value_raw
 from tests.harness.upstream import ok
 
@@ -177,7 +178,8 @@ def test_learned_window_too_small_passes_unchanged(proxy_for, upstream):
     res = p.post(chat(max_tokens=100000))
     assert_unchanged(res, "window_config")
     p.envoy.stop()  # flush the log
-    errors = [l for l in p.envoy.log_text().splitlines() if "[error]" in l and "wasm" in l]
+    mark = FILTER_LOG[p.envoy.glue]
+    errors = [l for l in p.envoy.log_text().splitlines() if "[error]" in l and mark in l]
     assert len(errors) == 1, f"expected the window error logged once, got {errors}"
 
 

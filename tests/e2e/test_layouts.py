@@ -15,6 +15,10 @@ Each layout is a real Envoy running the HTTP filter chain that layout produces
 * an upstream that answers as soon as it has the headers still gets the whole rewritten body,
   and the tokenizer's answer is cached: the same request again calls the tokenizer no more.
 
+The native module's layout is envoy/envoy-module.yaml (the module holds the request itself, no
+buffer filter): it runs as `module-plain-envoy` with the same checks. The gateway layouts load
+the wasm build only (Istio and Envoy Gateway pull it as an OCI image): they run as `wasm-*`.
+
 What the upstream saw is written, per layout and check, to the JSON file named by
 ``INCONTEXT_LAYOUTS_REPORT`` (if set).
 
@@ -34,7 +38,8 @@ import yaml
 
 from tests.e2e.common import nonce
 from tests.harness import layouts
-from tests.harness.envoy import WASM, Envoy, no_filter
+from tests.harness.envoy import (ARTIFACT, BUILD, MODULE_FILTER, WASM, Envoy, glues, load_shipped,
+                                 no_filter, render)
 from tests.harness.recorder import DEFAULT_MAX_MODEL_LEN, RecordingUpstream
 
 PATH = "/v1/chat/completions"
@@ -47,14 +52,30 @@ HOLD_ISTIO = layouts.manifest("istio/hold-request.yaml", "EnvoyFilter")
 HOLD_EG_BTP = layouts.manifest("envoy-gateway/hold-request.yaml", "BackendTrafficPolicy")
 HOLD_EG_PROXY = layouts.manifest("envoy-gateway/hold-request.yaml", "EnvoyProxy")
 
-# The shipped layouts: every check must pass.
+
+
+def plain_module(*, wasm_path: str, listen_port: int, admin_port: int, upstream, workdir: Path,
+                 overrides: dict) -> dict:
+    """envoy/envoy-module.yaml as shipped (the module, router)."""
+    shipped = load_shipped("module")
+    mf = next(f for f in shipped["static_resources"]["listeners"][0]["filter_chains"][0]
+              ["filters"][0]["typed_config"]["http_filters"] if f["name"] == MODULE_FILTER)
+    pc = {**json.loads(mf["typed_config"]["filter_config"]["value"]), **overrides}
+    return render(wasm_path=wasm_path, listen_port=listen_port, admin_port=admin_port,
+                  upstream=upstream, plugin_config=pc, glue="module")
+
+
+# The shipped layouts, by build: every check must pass.
 SHIPPED = {
-    "plain-envoy": (layouts.plain, {}),
-    "istio": (layouts.istio, {"envoy_filters": [HOLD_ISTIO]}),
-    "envoy-gateway": (layouts.envoy_gateway,
-                      {"request_buffer": HOLD_EG_BTP["spec"]["requestBuffer"],
-                       "filter_order": HOLD_EG_PROXY["spec"]["filterOrder"]}),
+    "wasm-plain-envoy": (layouts.plain, {}),
+    "wasm-istio": (layouts.istio, {"envoy_filters": [HOLD_ISTIO]}),
+    "wasm-envoy-gateway": (layouts.envoy_gateway,
+                           {"request_buffer": HOLD_EG_BTP["spec"]["requestBuffer"],
+                            "filter_order": HOLD_EG_PROXY["spec"]["filterOrder"]}),
+    "module-plain-envoy": (plain_module, {}),
 }
+# The builds INCONTEXT_E2E_GLUES names.
+RUN = [n for n in SHIPPED if n.split("-", 1)[0] in glues()]
 # The gateway layouts without the hold-request manifests (and Envoy Gateway's requestBuffer in
 # its default place, before Wasm): the upstream sees the request before the decision. This is
 # why the manifests exist, and it shows the checks above can fail.
@@ -71,23 +92,29 @@ REPORT: dict = {}
 class LayoutEnvoy(Envoy):
     """Envoy started from a layout's bootstrap instead of the rendered envoy/envoy.yaml."""
 
-    def __init__(self, binary: str, workdir: Path, name: str, build, upstream, **kw):
-        super().__init__(binary, workdir, {}, (upstream.host, upstream.port), name=name)
+    def __init__(self, binary: str, workdir: Path, name: str, glue: str, build, upstream, **kw):
+        super().__init__(binary, workdir, {}, (upstream.host, upstream.port), name=name,
+                         glue=glue)
         self.cfg = build(wasm_path=str(WASM), listen_port=self.port,
                          admin_port=self.admin_port, upstream=(upstream.host, upstream.port),
                          workdir=self.workdir, overrides=OVERRIDES, **kw)
         if no_filter():
+            hcm = self.cfg["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+            filters = hcm["typed_config"]["http_filters"]
+            filters[:] = [f for f in filters if f["name"] != MODULE_FILTER]
             layouts.remove_wasm(self.cfg)
         self.config_path.write_text(yaml.safe_dump(self.cfg, sort_keys=False))
 
 
-def _run(request, envoy_bin, tmp_path_factory, table):
+def _run(request, envoy_bin, tmp_path_factory, table, glue):
     name = request.param
     build, kw = table[name]
+    if not ARTIFACT[glue].is_file() and not no_filter():
+        pytest.fail(f"{ARTIFACT[glue]} is missing: run `{BUILD[glue]}`", pytrace=False)
     rec = RecordingUpstream().start()
     env = LayoutEnvoy(envoy_bin, tmp_path_factory.mktemp("layouts"), name.replace("+", "_"),
-                      build, rec, **kw)
-    REPORT.setdefault(name, {})["http_filters"] = layouts.filter_names(env.cfg)
+                      glue, build, rec, **kw)
+    REPORT.setdefault(report_key(name), {})["http_filters"] = layouts.filter_names(env.cfg)
     env.start()
     try:
         yield name, env, rec
@@ -96,14 +123,15 @@ def _run(request, envoy_bin, tmp_path_factory, table):
         rec.stop()
 
 
-@pytest.fixture(scope="module", params=list(SHIPPED))
-def layout(request, envoy_bin, wasm, tmp_path_factory):
-    yield from _run(request, envoy_bin, tmp_path_factory, SHIPPED)
+@pytest.fixture(scope="module", params=RUN)
+def layout(request, envoy_bin, tmp_path_factory):
+    yield from _run(request, envoy_bin, tmp_path_factory, SHIPPED, request.param.split("-")[0])
 
 
 @pytest.fixture(scope="module", params=list(UNHELD))
-def unheld(request, envoy_bin, wasm, tmp_path_factory):
-    yield from _run(request, envoy_bin, tmp_path_factory, UNHELD)
+def unheld(request, glue, envoy_bin, tmp_path_factory):
+    """The gateway layouts without hold-request: wasm only (its tests are marked so)."""
+    yield from _run(request, envoy_bin, tmp_path_factory, UNHELD, glue)
 
 
 @pytest.fixture(autouse=True)
@@ -154,8 +182,13 @@ def exchanges_done(env: Envoy, rec: RecordingUpstream, completed_before: int,
     return False
 
 
+def report_key(name: str) -> str:
+    """A layout's name in the report: the wasm layouts by their own names (docs/gateways.md)."""
+    return name.removeprefix("wasm-")
+
+
 def note(name: str, check: str, **seen):
-    REPORT.setdefault(name, {})[check] = seen
+    REPORT.setdefault(report_key(name), {})[check] = seen
 
 
 def forwarded_summary(rec, t0: float, answered: float | None):
@@ -237,6 +270,7 @@ def test_no_upstream_request_while_the_tokenizer_runs(layout):
     assert early == {}, f"bytes reached other upstream connections before the decision: {early}"
 
 
+@pytest.mark.glues("wasm")   # the gateways load the wasm build (tests/e2e/README.md)
 def test_without_hold_request_the_upstream_sees_the_request_first(unheld):
     """Without the hold-request manifest (or with Envoy Gateway's buffer in its default place,
     before Wasm) the headers reach the upstream before incontext has decided."""

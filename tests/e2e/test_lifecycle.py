@@ -19,8 +19,10 @@ import threading
 import time
 import urllib.request
 
+import pytest
+
 from tests.e2e.common import Proxy, assert_rewritten, cfg, chat, dumps, nonce
-from tests.harness.envoy import Envoy, no_filter
+from tests.harness.envoy import DEBUG_LOG, Envoy, no_filter
 from tests.harness.upstream import ok
 
 BODY_BYTES = 4 << 20
@@ -56,8 +58,9 @@ def abandon(port: int, body: bytes):
     return s
 
 
-def test_abandoned_big_requests_leave_memory_flat(envoys, upstream):
-    env = envoys.get(LIFECYCLE, fresh=True)
+@pytest.mark.glues("wasm")   # the wasm memory gauge, orphans (tests/e2e/README.md)
+def test_abandoned_big_requests_leave_memory_flat(envoys, upstream, glue):
+    env = envoys.get(LIFECYCLE, glue=glue, fresh=True)
     baseline_vms = env.wasm_stats()
     gate = threading.Event()
 
@@ -118,17 +121,20 @@ def test_abandoned_big_requests_leave_memory_flat(envoys, upstream):
     assert_rewritten(res, COUNT, source="cache")
 
 
-def test_the_log_level_follows_envoys_at_run_time(envoy_bin, wasm, upstream, envoys):
-    """Envoy starts with wasm at info: the filter's per-request debug line is not written. Once
-    the operator sets wasm to debug through the admin endpoint, the next request's is."""
+def test_the_log_level_follows_envoys_at_run_time(envoy_bin, glue, upstream, envoys):
+    """Envoy starts with the filter's component (wasm, or dynamic_modules) at info: the
+    filter's per-request debug line is not written. Once the operator sets it to debug through
+    the admin endpoint, the next request's is."""
     env = Envoy(envoy_bin, envoys.workdir, LIFECYCLE, (upstream.host, upstream.port),
-                remove_filter=no_filter(), name="envoy-log-level", log_args=("-l", "info"))
+                remove_filter=no_filter(), name=f"envoy-log-level-{glue}", log_args=("-l", "info"),
+                glue=glue)
     env.start()
     p = Proxy(env, upstream)
     try:
         upstream.tokenizer.count(111)
         assert_rewritten(p.post(chat(max_tokens=100000)), 111)
-        req = urllib.request.Request(env.admin + "/logging?wasm=debug", method="POST")
+        req = urllib.request.Request(env.admin + "/logging?" + DEBUG_LOG[glue].replace(":", "="),
+                                     method="POST")
         with urllib.request.urlopen(req, timeout=5) as r:
             assert r.status == 200
         upstream.tokenizer.count(222)

@@ -8,6 +8,7 @@ import pytest
 
 from tests.e2e.common import (HEADER_NAMES, W, assert_rewritten, assert_unchanged, cfg, chat,
                         completion, dumps)
+from tests.harness.envoy import FILTER_LOG, STAT_PREFIX
 from tests.harness.spec import estimate
 
 COUNTERS = ["incontext_requests", "incontext_rewritten", "incontext_rejected",
@@ -145,15 +146,17 @@ def test_prometheus(proxy, upstream):
     before = proxy.envoy.prometheus()
     proxy.post(chat(max_tokens=100000))
     text = proxy.envoy.prometheus()
-    # Envoy 1.40 prints wasmcustom counters without its `envoy_` / `wasmcustom_` prefixes
-    # (`incontext_requests`); the `envoy_wasmcustom_<name>` form other Envoy versions print is accepted too.
+    # Envoy 1.40 prints the filter's counters without its `envoy_` / `wasmcustom_` (or
+    # `dynamicmodulescustom_`) prefixes (`incontext_requests`); the `envoy_<prefix>_<name>`
+    # form other Envoy versions print is accepted too.
+    prefix = STAT_PREFIX[proxy.envoy.glue]
     for name in ("incontext_requests", "incontext_rewritten", "incontext_tokenizer_calls"):
-        pat = rf"^(?:envoy_wasmcustom_)?{name}(?:{{[^}}]*}})? (\d+)"
+        pat = rf"^(?:envoy_{prefix}_)?{name}(?:{{[^}}]*}})? (\d+)"
         m = re.search(pat, text, re.M)
         assert m, f"{name} not in /stats/prometheus"
         m0 = re.search(pat, before, re.M)
         assert int(m.group(1)) == (int(m0.group(1)) if m0 else 0) + 1, name
-    assert re.search(r"^# TYPE (?:envoy_wasmcustom_)?incontext_requests counter", text, re.M)
+    assert re.search(rf"^# TYPE (?:envoy_{prefix}_)?incontext_requests counter", text, re.M)
 
 
 def test_logs_never_carry_prompt_text(proxy_for, upstream):
@@ -185,7 +188,7 @@ def test_logs_never_carry_prompt_text(proxy_for, upstream):
     p.send("GET", f"/v1/models?{canary}", None, hdrs)
     p.envoy.stop()  # flush the log
     log = p.envoy.log_bytes()
-    assert b"wasm" in log, "the Envoy log does not show the wasm filter at all"
+    assert FILTER_LOG[p.envoy.glue].encode() in log, "the Envoy log does not show the filter at all"
     assert canary.encode() not in log, "canary found in the Envoy log: " + next(
         l for l in log.decode("utf-8", "replace").splitlines() if canary in l)[:300]
     assert b"secret " not in log

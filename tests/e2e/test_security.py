@@ -3,7 +3,8 @@
 * The tokenizer credential comes from the plugin configuration, from an environment variable of
   the Envoy process exposed to the VM (`vm_config.environment_variables.host_env_keys`), or from
   a variable Envoy's config sets for the VM (`environment_variables.key_values`); header values
-  `{"env": "VAR"}` in `tokenizer.headers`. It is sent to the tokenizer and never logged.
+  `{"env": "VAR"}` in `tokenizer.headers`. It is sent to the tokenizer and never logged. (The
+  module reads every variable from Envoy's own environment: both are set there for it.)
 * A missing or unusable variable makes Envoy refuse the configuration, with a log line naming
   the header, never a value.
 * Client credentials (authorization, cookie, x-api-key, proxy-authorization) are never
@@ -16,11 +17,12 @@
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 
 from tests.e2e.common import (Proxy, assert_rewritten, assert_unchanged, cfg, chat, dumps, nonce)
-from tests.harness.envoy import Envoy, EnvoyError, no_filter, validate
+from tests.harness.envoy import DEBUG_LOG, Envoy, EnvoyError, no_filter, validate
 from tests.harness.spec import estimate
 
 RUN = nonce()
@@ -57,17 +59,22 @@ assert ENV_VAR not in os.environ
 
 
 @pytest.fixture(scope="module")
-def senv(envoy_bin, wasm, upstream, envoys):
+def senv(envoy_bin, glue, upstream, envoys):
     """Envoy with the tokenizer credential in the config, in the Envoy process environment
-    (host_env_keys) and in key_values; wasm logs at debug."""
+    (host_env_keys) and in key_values; the filter logs at debug."""
     env = Envoy(envoy_bin, envoys.workdir, SECURE, (upstream.host, upstream.port),
-                remove_filter=no_filter(), name="envoy-security",
+                remove_filter=no_filter(), name=f"envoy-security-{glue}",
                 host_env_keys=[ENV_VAR], env_key_values={KV_VAR: KV_SECRET},
-                env={ENV_VAR: ENV_SECRET},
-                log_args=("-l", "info", "--component-log-level", "wasm:debug"))
+                env=process_env(glue, {ENV_VAR: ENV_SECRET}), glue=glue,
+                log_args=("-l", "info", "--component-log-level", DEBUG_LOG[glue]))
     env.start()
     yield env
     env.stop()
+
+
+def process_env(glue, env=None):
+    """The Envoy process environment: the module reads the key_values variable there too."""
+    return {**({KV_VAR: KV_SECRET} if glue == "module" else {}), **(env or {})}
 
 
 @pytest.fixture
@@ -81,10 +88,17 @@ def prompt(tag=""):
     return f"{PROMPT_CANARY} {tag} {nonce()}"
 
 
-def check_tokenizer_call(call):
+# Envoy's callouts for the module (its async client) add x-forwarded-for, Envoy's own address.
+ALLOWED_FOR = {"wasm": ALLOWED_TOKENIZER_HEADERS,
+               "module": ALLOWED_TOKENIZER_HEADERS | {"x-forwarded-for"}}
+
+
+def check_tokenizer_call(call, glue):
     names = {k.lower() for k, _ in call.headers}
-    assert names <= ALLOWED_TOKENIZER_HEADERS, f"unexpected headers to the tokenizer: " \
-        f"{names - ALLOWED_TOKENIZER_HEADERS}"
+    allowed = ALLOWED_FOR[glue]
+    assert names <= allowed, f"unexpected headers to the tokenizer: {names - allowed}"
+    xff = call.header("x-forwarded-for")
+    assert xff is None or re.fullmatch(r"[0-9a-fA-F.:]+", xff), "x-forwarded-for is no address"
     assert call.header_all("authorization") == [CFG_SECRET]
     assert call.header("x-tokenizer-token") == ENV_SECRET
     assert call.header("x-kv-token") == KV_SECRET
@@ -101,7 +115,7 @@ def test_tokenizer_credentials_from_config_env_and_key_values_are_sent(sp, upstr
     res = sp.post(chat(prompt("sent"), max_tokens=100000))
     assert_rewritten(res, 100)
     assert len(res.tokenize) == 1
-    check_tokenizer_call(res.tokenize[0])
+    check_tokenizer_call(res.tokenize[0], sp.envoy.glue)
 
 
 @pytest.mark.parametrize("h2", [False, True], ids=["http1", "http2"])
@@ -117,7 +131,7 @@ def test_client_credentials_are_never_forwarded_to_the_tokenizer(sp, senv, upstr
     assert r.status_code == 200 and r.headers["x-incontext-action"] == "rewritten"
     calls = upstream.tokenizer.snapshot()[before_tok:]
     assert len(calls) == 1
-    check_tokenizer_call(calls[0])
+    check_tokenizer_call(calls[0], senv.glue)
     # the request itself goes upstream with the client's credentials untouched
     (rec,) = upstream.snapshot()[before_up:]
     for k, v in CLIENT.items():
@@ -135,7 +149,7 @@ def test_client_credentials_not_forwarded_when_tokenizer_fails(sp, upstream):
     res = sp.post(chat(text, max_tokens=100000), headers=CLIENT)
     assert res.source == "estimate", res.describe()
     assert_rewritten(res, estimate(res.sent), exact=False)
-    check_tokenizer_call(res.tokenize[0])
+    check_tokenizer_call(res.tokenize[0], sp.envoy.glue)
 
 
 def test_env_credential_is_not_in_envoys_config_dump(senv):
@@ -151,9 +165,9 @@ def test_env_credential_is_not_in_envoys_config_dump(senv):
 
 
 # --- configuration refusals: the header is named, the value is not ---------------------------
-def _refusal(envoy_bin, vdir, name, *, env=None, host_env_keys=(ENV_VAR,)):
+def _refusal(envoy_bin, vdir, name, glue, *, env=None, host_env_keys=(ENV_VAR,)):
     rc, out = validate(envoy_bin, vdir, SECURE, name=name, host_env_keys=list(host_env_keys),
-                       env_key_values={KV_VAR: KV_SECRET}, env=env)
+                       env_key_values={KV_VAR: KV_SECRET}, env=process_env(glue, env), glue=glue)
     return rc, out
 
 
@@ -163,17 +177,18 @@ def _assert_names_header_not_values(out: str):
         assert part not in out, f"a credential ({part}) appears in Envoy's output"
 
 
-def test_missing_env_variable_refuses_the_config(envoy_bin, wasm, tmp_path):
-    rc, out = _refusal(envoy_bin, tmp_path, "missing-env")
+def test_missing_env_variable_refuses_the_config(envoy_bin, glue, tmp_path):
+    rc, out = _refusal(envoy_bin, tmp_path, "missing-env", glue)
     assert rc != 0, "Envoy accepted a config whose tokenizer header variable is not set"
     _assert_names_header_not_values(out)
     assert ENV_VAR in out  # the variable is named, so the operator knows what to set
 
 
-def test_env_variable_not_listed_in_host_env_keys_is_not_visible(envoy_bin, wasm, tmp_path):
+@pytest.mark.glues("wasm")   # the VM's environment list (tests/e2e/README.md)
+def test_env_variable_not_listed_in_host_env_keys_is_not_visible(envoy_bin, glue, tmp_path):
     """Set in Envoy's environment but not exposed to the VM: refused like a missing one (the VM
     sees only the variables host_env_keys lists)."""
-    rc, out = _refusal(envoy_bin, tmp_path, "unlisted-env", env={ENV_VAR: ENV_SECRET},
+    rc, out = _refusal(envoy_bin, tmp_path, "unlisted-env", glue, env={ENV_VAR: ENV_SECRET},
                        host_env_keys=())
     assert rc != 0
     _assert_names_header_not_values(out)
@@ -181,16 +196,16 @@ def test_env_variable_not_listed_in_host_env_keys_is_not_visible(envoy_bin, wasm
 
 @pytest.mark.parametrize("value", [f"Bearer env-secret-{RUN}\x01", f"env-secret-{RUN}\nX: y", ""],
                          ids=["control_char", "newline", "empty"])
-def test_unusable_env_variable_refuses_the_config(envoy_bin, wasm, tmp_path, value):
-    rc, out = _refusal(envoy_bin, tmp_path, "bad-env", env={ENV_VAR: value})
+def test_unusable_env_variable_refuses_the_config(envoy_bin, glue, tmp_path, value):
+    rc, out = _refusal(envoy_bin, tmp_path, "bad-env", glue, env={ENV_VAR: value})
     assert rc != 0, f"Envoy accepted tokenizer header value {value!r}"
     _assert_names_header_not_values(out)
 
 
-def test_missing_env_variable_stops_a_real_envoy(envoy_bin, wasm, upstream, tmp_path):
+def test_missing_env_variable_stops_a_real_envoy(envoy_bin, glue, upstream, tmp_path):
     env = Envoy(envoy_bin, tmp_path, SECURE, (upstream.host, upstream.port), name="missing",
                 host_env_keys=[ENV_VAR], env_key_values={KV_VAR: KV_SECRET},
-                refusal_expected=True)
+                env=process_env(glue), refusal_expected=True, glue=glue)
     with pytest.raises(EnvoyError):
         env.start(timeout=60)
     env.stop()
@@ -265,7 +280,7 @@ def tls_cluster(port: int, ca_file) -> dict:
 
 @pytest.mark.parametrize("ca,trusted", [("ca.pem", True), ("other-ca.pem", False)],
                          ids=["verified", "untrusted_certificate"])
-def test_tokenizer_over_tls_through_the_envoy_cluster(envoy_bin, wasm, upstream, tls_tokenizer,
+def test_tokenizer_over_tls_through_the_envoy_cluster(envoy_bin, glue, upstream, tls_tokenizer,
                                                       tls_files, envoys, ca, trusted):
     """The filter's /tokenize call goes through an Envoy cluster with an UpstreamTlsContext: the
     prompt and the credential travel encrypted to a verified tokenizer. With a certificate the
@@ -273,8 +288,8 @@ def test_tokenizer_over_tls_through_the_envoy_cluster(envoy_bin, wasm, upstream,
     plugin = cfg(tokenizer={"cluster": "vllm-tls", "authority": f"{TLS_NAME}:8443",
                             "headers": {"authorization": CFG_SECRET}})
     env = Envoy(envoy_bin, envoys.workdir, plugin, (upstream.host, upstream.port),
-                remove_filter=no_filter(), name=f"envoy-tls-{'ok' if trusted else 'bad'}",
-                extra_clusters=[tls_cluster(tls_tokenizer.port, tls_files / ca)])
+                remove_filter=no_filter(), name=f"envoy-tls-{'ok' if trusted else 'bad'}-{glue}",
+                extra_clusters=[tls_cluster(tls_tokenizer.port, tls_files / ca)], glue=glue)
     env.start()
     tls_tokenizer.reset()
     tls_tokenizer.tokenizer.count(1234)
@@ -327,7 +342,7 @@ def test_log_never_contains_credentials_or_prompts(sp, senv, upstream, envoys):
     log = senv.log_bytes()
     assert b"incontext" in log and b"rewritten" in log, "no wasm debug log lines: canary void"
     # ... and the logs of this module's TLS Envoys (stopped already)
-    for path in sorted(envoys.workdir.glob("envoy-tls-*.log")):
+    for path in sorted(envoys.workdir.glob(f"envoy-tls-*-{senv.glue}.log")):
         log += b"\n" + path.read_bytes()
     for part in SECRET_PARTS + [PROMPT_CANARY]:
         assert part.encode() not in log, (

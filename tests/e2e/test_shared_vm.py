@@ -1,7 +1,8 @@
-"""Two filter configurations that share one `vm_id` (docs/spec.md §6 "Scope").
+"""Two filter configurations that share their shared data (docs/spec.md §6 "Scope").
 
-Envoy shares one VM's shared data between every filter configuration with the same `vm_id`.
-Two listeners, each with its own incontext configuration and no `context_length`, sit in
+Envoy shares one VM's shared data between every filter configuration with the same `vm_id`;
+the module's table is one per Envoy process, shared by every filter configuration
+(docs/module.md). Two listeners, each with its own incontext configuration and no `context_length`, sit in
 front of two tokenizers that serve the same model name with different windows (`max_model_len`
 32768 and 16384). Each listener must budget with its own window — on the exact path, the
 estimate path and token-id prompts — whichever listener learns its window first.
@@ -17,7 +18,7 @@ import pytest
 import yaml
 
 from tests.e2e.common import MAIN, F, chat, completion, dumps
-from tests.harness.envoy import Envoy, free_port
+from tests.harness.envoy import MODULE_FILTER, WASM_FILTER, Envoy, free_port
 from tests.harness.spec import estimates
 from tests.harness.upstream import Upstream, ok
 
@@ -34,13 +35,14 @@ def _config(cluster: str) -> dict:
 
 
 @pytest.fixture
-def pair(envoy_bin, wasm, tmp_path):
+def pair(envoy_bin, glue, tmp_path):
     """Upstreams A and B and one Envoy with a listener in front of each; the two filter
-    configurations share the shipped `vm_id`."""
+    configurations share the shipped `vm_id` (wasm), or the process (module)."""
     a, b = Upstream().start(), Upstream().start()
     a.tokenizer.always(ok(100, max_model_len=C_A))
     b.tokenizer.always(ok(100, max_model_len=C_B))
-    env = Envoy(envoy_bin, tmp_path, _config("vllm"), (a.host, a.port), name="shared-vm")
+    env = Envoy(envoy_bin, tmp_path, _config("vllm"), (a.host, a.port), name=f"shared-{glue}",
+                glue=glue)
     cfg = env.cfg
     clusters = cfg["static_resources"]["clusters"]
     vllm_b = copy.deepcopy(next(c for c in clusters if c["name"] == "vllm"))
@@ -57,12 +59,16 @@ def pair(envoy_bin, wasm, tmp_path):
     hcm["stat_prefix"] = "llm_b"
     hcm["route_config"]["name"] = "llm_b"
     hcm["route_config"]["virtual_hosts"][0]["routes"][0]["route"]["cluster"] = "vllm_b"
-    wasm_b = next(f for f in hcm["http_filters"] if f["name"] == "envoy.filters.http.wasm")
-    plugin = wasm_b["typed_config"]["config"]
-    plugin["configuration"]["value"] = json.dumps(_config("vllm_b"))
-    vm_a = cfg["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0][
-        "typed_config"]["http_filters"][0]["typed_config"]["config"]["vm_config"]["vm_id"]
-    assert plugin["vm_config"]["vm_id"] == vm_a, "both configurations share one vm_id"
+    if glue == "wasm":
+        wasm_b = next(f for f in hcm["http_filters"] if f["name"] == WASM_FILTER)
+        plugin = wasm_b["typed_config"]["config"]
+        plugin["configuration"]["value"] = json.dumps(_config("vllm_b"))
+        vm_a = cfg["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0][
+            "typed_config"]["http_filters"][0]["typed_config"]["config"]["vm_config"]["vm_id"]
+        assert plugin["vm_config"]["vm_id"] == vm_a, "both configurations share one vm_id"
+    else:
+        module_b = next(f for f in hcm["http_filters"] if f["name"] == MODULE_FILTER)
+        module_b["typed_config"]["filter_config"]["value"] = json.dumps(_config("vllm_b"))
     cfg["static_resources"]["listeners"].append(listener_b)
     env.config_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     env.start()

@@ -41,6 +41,25 @@ MODULE = Path(os.environ.get("INCONTEXT_MODULE")
 MODULE_FILTER = "envoy.filters.http.dynamic_modules"
 # Where each glue's counters are listed.
 STAT_PREFIX = {"wasm": "wasmcustom", "module": "dynamicmodulescustom"}
+# The build each glue loads, and how it is built.
+ARTIFACT = {"wasm": WASM, "module": MODULE}
+BUILD = {"wasm": "scripts/build-wasm.sh", "module": "scripts/build-module.sh"}
+# What marks the filter's own lines in Envoy's log: the wasm filter's are "wasm log" lines,
+# the module's are in the `dynamic_modules` component.
+FILTER_LOG = {"wasm": "wasm log", "module": "[dynamic_modules]"}
+# The log arguments that put each glue's filter at debug.
+DEBUG_LOG = {"wasm": "wasm:debug", "module": "dynamic_modules:debug"}
+
+
+def glues() -> List[str]:
+    """The builds the e2e suite runs, from INCONTEXT_E2E_GLUES (space-separated; default
+    "wasm module"), in that order. A name that is no build is a ValueError."""
+    names = os.environ.get("INCONTEXT_E2E_GLUES", "wasm module").split()
+    unknown = [n for n in names if n not in STAT_PREFIX]
+    if unknown or not names:
+        raise ValueError(f"INCONTEXT_E2E_GLUES={os.environ.get('INCONTEXT_E2E_GLUES')!r}: "
+                         f"name builds among {sorted(STAT_PREFIX)}")
+    return list(dict.fromkeys(names))
 
 
 def no_filter() -> bool:

@@ -218,6 +218,31 @@ extern "C" {
     );
 }
 
+// Calls of a filter configuration, from Envoy's main thread (crate::calls).
+pub type HttpFilterConfigSchedulerModulePtr = *mut c_void;
+
+extern "C" {
+    fn envoy_dynamic_module_callback_http_filter_config_scheduler_new(
+        filter_config_envoy_ptr: HttpFilterConfigEnvoyPtr,
+    ) -> HttpFilterConfigSchedulerModulePtr;
+    fn envoy_dynamic_module_callback_http_filter_config_scheduler_commit(
+        scheduler_module_ptr: HttpFilterConfigSchedulerModulePtr,
+        event_id: u64,
+    );
+    fn envoy_dynamic_module_callback_http_filter_config_scheduler_delete(
+        scheduler_module_ptr: HttpFilterConfigSchedulerModulePtr,
+    );
+    fn envoy_dynamic_module_callback_http_filter_config_http_callout(
+        filter_config_envoy_ptr: HttpFilterConfigEnvoyPtr,
+        callout_id_out: *mut u64,
+        cluster_name: ModuleBuffer,
+        headers: *mut ModuleHttpHeader,
+        headers_size: usize,
+        body: ModuleBuffer,
+        timeout_milliseconds: u64,
+    ) -> HttpCalloutInitResult;
+}
+
 fn module_buffer(bytes: &[u8]) -> ModuleBuffer {
     ModuleBuffer {
         ptr: bytes.as_ptr().cast(),

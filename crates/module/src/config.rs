@@ -30,5 +30,9 @@ pub fn load(
     );
     let plugin = Plugin::new(config);
     let metrics = Metrics::define(define, plugin.route_names());
-    Ok(Shared { plugin, metrics })
+    Ok(Shared {
+        plugin,
+        metrics,
+        calls: Default::default(),
+    })
 }

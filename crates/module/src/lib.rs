@@ -5,6 +5,7 @@
 //! came.
 //!
 //! * `stream`: one HTTP stream's callbacks, over [`envoy::Envoy`];
+//! * `calls`: the calls a configuration makes after their stream, from Envoy's main thread;
 //! * `config`: a filter configuration: the plugin configuration JSON, its metrics;
 //! * `table`: the process-wide shared data (counts, anchors, learned windows);
 //! * `metrics`: counter and histogram ids;
@@ -27,6 +28,7 @@
 #[cfg(not(test))]
 #[allow(unsafe_code)]
 mod abi;
+pub mod calls;
 pub mod config;
 pub mod envoy;
 pub mod metrics;

@@ -1,8 +1,11 @@
 //! One HTTP stream's callbacks: each reads what Envoy has, hands it to the core's `Exchange`,
 //! and applies the step it returns. The request head is held (StopIteration) while its body
-//! is buffered and decided, so nothing goes upstream before the decision; every panic is
-//! caught here ([`Stream::guard`]) and the stream then passes everything as it comes.
+//! is buffered and decided, so nothing goes upstream before the decision; a held request is
+//! held to its end and goes on whole, with its Content-Length (as the buffer filter after the
+//! wasm filter sends it). Every panic is caught here ([`Stream::guard`]) and the stream then
+//! passes everything as it comes.
 
+use crate::calls::Calls;
 use crate::envoy::{Body, Envoy, Headers};
 use crate::metrics::Metrics;
 use crate::table::TABLE;
@@ -18,6 +21,8 @@ use std::sync::Arc;
 pub struct Shared {
     pub plugin: Plugin,
     pub metrics: Metrics,
+    /// The calls made after their stream.
+    pub calls: Calls,
 }
 
 /// What to do with a header block.
@@ -43,6 +48,16 @@ pub enum DataStatus {
 struct View<'a> {
     envoy: &'a mut dyn Envoy,
     metrics: &'a Metrics,
+    /// Calls go out on behalf of the configuration (the stream is ending).
+    later: Option<&'a Calls>,
+}
+
+/// The clock, in milliseconds since the epoch.
+pub fn now_ms() -> Option<u64> {
+    let since = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .ok()?;
+    u64::try_from(since.as_millis()).ok()
 }
 
 impl Host for View<'_> {
@@ -61,6 +76,9 @@ impl Host for View<'_> {
         call: &Call,
         timeout_ms: u64,
     ) -> Option<u32> {
+        if let Some(calls) = self.later {
+            return calls.send(cluster, headers, call, timeout_ms);
+        }
         let body = call.body.as_deref().unwrap_or_default();
         let id = self.envoy.callout(cluster, headers, body, timeout_ms)?;
         // An id past u32 cannot be told apart: its answer will find no call waiting.
@@ -74,10 +92,7 @@ impl Host for View<'_> {
     }
 
     fn now_ms(&mut self) -> Option<u64> {
-        let since = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .ok()?;
-        u64::try_from(since.as_millis()).ok()
+        now_ms()
     }
 
     fn record(&mut self, histogram: Histogram, value: u64) {
@@ -103,6 +118,35 @@ enum Held {
     Answered,
 }
 
+/// Sets the Content-Length of a held request that came without one (chunked, or HTTP/2) to
+/// the body Envoy holds.
+fn frame(envoy: &mut dyn Envoy) {
+    let n = envoy.body_size(Body::Request).to_string();
+    if !envoy.set_header(Headers::Request, "content-length", Some(&n)) {
+        log::warn!("incontext: cannot set the request's content-length");
+    }
+}
+
+/// Hands the exchange the answer's bytes Envoy holds (what it buffered and, in a body
+/// callback, the chunk that arrived) and puts back what it returns; a host failure leaves the
+/// rest of the answer unwatched.
+fn edit_answer(exchange: &mut Exchange, plugin: &Plugin, view: &mut View, end_of_stream: bool) {
+    let Some(data) = view.envoy.read_body(Body::Response) else {
+        log::warn!("incontext: cannot read the answer");
+        exchange.on_response_host_error();
+        return;
+    };
+    match exchange.on_response_data(plugin, view, &data, end_of_stream) {
+        response::Edit::Keep => {}
+        response::Edit::Replace(out) => {
+            if !view.envoy.replace_body(Body::Response, &out) {
+                log::warn!("incontext: cannot replace the answer");
+                exchange.on_response_host_error();
+            }
+        }
+    }
+}
+
 /// The answer to a tokenizer call, as Envoy delivered it.
 #[derive(Debug, Clone, Copy)]
 pub struct CallAnswer<'a> {
@@ -117,10 +161,14 @@ pub struct CallAnswer<'a> {
 pub struct Stream {
     shared: Arc<Shared>,
     exchange: Exchange,
-    /// The request came with a content-length: after a rewrite it is set to the new length.
+    /// The request came with a content-length (else, held, it gets one when it goes on).
     length: bool,
+    /// The request head is held: the request goes on whole, once it has ended.
+    held: bool,
     /// A panic was caught: everything passes as it comes.
     broken: bool,
+    /// The call still out was made on behalf of the configuration (after the stream).
+    later: bool,
 }
 
 impl Stream {
@@ -129,7 +177,9 @@ impl Stream {
             shared,
             exchange: Exchange::new(),
             length: false,
+            held: false,
             broken: false,
+            later: false,
         }
     }
 
@@ -170,6 +220,7 @@ impl Stream {
         let mut view = View {
             envoy,
             metrics: &self.shared.metrics,
+            later: None,
         };
         f(&mut self.exchange, &self.shared.plugin, &mut view)
     }
@@ -180,11 +231,16 @@ impl Stream {
         self.with(envoy, |exchange, plugin, view| {
             let (held, applied) = match step {
                 Step::Wait => return Held::Waiting,
-                Step::Done(Action::Continue) => return Held::Go,
+                Step::Done(Action::Continue) => {
+                    if !length {
+                        frame(view.envoy);
+                    }
+                    return Held::Go;
+                }
                 Step::Done(Action::Rewrite(rewrite)) => {
                     let body = rewrite.into_body();
                     let mut ok = view.envoy.replace_body(Body::Request, &body);
-                    if ok && length {
+                    if ok {
                         let n = body.len().to_string();
                         ok = view
                             .envoy
@@ -229,33 +285,53 @@ impl Stream {
             content_length: length.as_deref(),
             end_of_stream,
         };
-        self.with(envoy, |exchange, plugin, view| {
+        let status = self.with(envoy, |exchange, plugin, view| {
             match exchange.on_headers(plugin, view, &head) {
                 RequestHeadStep::Continue => HeadStatus::Continue,
-                // Held with its body: Envoy's framing stays, set again after a rewrite.
+                // Held with its body; it goes on with its Content-Length.
                 RequestHeadStep::Buffer => HeadStatus::Stop,
             }
-        })
+        });
+        self.held = status == HeadStatus::Stop;
+        status
+    }
+
+    /// The flow lets the request go: a held one goes on once it has ended, whole, with its
+    /// Content-Length.
+    fn pass(&mut self, envoy: &mut dyn Envoy, end_of_stream: bool) -> DataStatus {
+        if !self.held {
+            return DataStatus::Continue;
+        }
+        if !end_of_stream {
+            return DataStatus::Buffer;
+        }
+        if !self.length {
+            frame(envoy);
+        }
+        DataStatus::Continue
     }
 
     pub fn request_body(&mut self, envoy: &mut dyn Envoy, end_of_stream: bool) -> DataStatus {
         let read = self.with(envoy, |exchange, plugin, view| {
             let size = view.envoy.body_size(Body::Request);
             match exchange.on_body_chunk(plugin, view, size, end_of_stream) {
-                RequestBodyStep::Continue => return Err(DataStatus::Continue),
-                RequestBodyStep::Buffer | RequestBodyStep::Wait => return Err(DataStatus::Buffer),
+                RequestBodyStep::Continue => return Err(None),
+                RequestBodyStep::Buffer | RequestBodyStep::Wait => {
+                    return Err(Some(DataStatus::Buffer))
+                }
                 RequestBodyStep::Read => {}
             }
             let Some(body) = view.envoy.read_body(Body::Request) else {
                 log::warn!("incontext: cannot read the body");
                 exchange.on_host_error(plugin, view);
-                return Err(DataStatus::Continue);
+                return Err(None);
             };
             Ok(exchange.on_body(plugin, view, body))
         });
         let step = match read {
             Ok(step) => step,
-            Err(status) => return status,
+            Err(Some(status)) => return status,
+            Err(None) => return self.pass(envoy, end_of_stream),
         };
         match self.apply(envoy, step) {
             Held::Waiting => DataStatus::Buffer,
@@ -264,10 +340,15 @@ impl Stream {
         }
     }
 
+    /// The request ends in trailers: a held request goes on whole (its body was not
+    /// budgeted, or is decided already).
     pub fn request_trailers(&mut self, envoy: &mut dyn Envoy) {
         self.with(envoy, |exchange, plugin, view| {
             exchange.on_trailers(plugin, view)
-        })
+        });
+        if self.held && !self.length {
+            frame(envoy);
+        }
     }
 
     /// The answer to call `id`.
@@ -340,28 +421,50 @@ impl Stream {
                 response::BodyStep::Buffer => return DataStatus::Buffer,
                 response::BodyStep::Read => {}
             }
-            let Some(data) = view.envoy.read_body(Body::Response) else {
-                log::warn!("incontext: cannot read the answer");
-                exchange.on_response_host_error();
-                return DataStatus::Continue;
-            };
-            match exchange.on_response_data(plugin, view, &data, end_of_stream) {
-                response::Edit::Keep => {}
-                response::Edit::Replace(out) => {
-                    if !view.envoy.replace_body(Body::Response, &out) {
-                        log::warn!("incontext: cannot replace the answer");
-                        exchange.on_response_host_error();
-                    }
-                }
-            }
+            edit_answer(exchange, plugin, view, end_of_stream);
             DataStatus::Continue
         })
     }
 
-    /// The stream is gone. Envoy cancels its calls with it: a call still out is not kept
+    /// The answer ends in trailers: the end of its body, with no more bytes. What the
+    /// exchange holds (an error body Envoy buffered, a watched answer's held tail) goes out
+    /// before them, edited as at the end of a body.
+    pub fn response_trailers(&mut self, envoy: &mut dyn Envoy) {
+        self.with(envoy, |exchange, plugin, view| {
+            if exchange.on_response_body(0, true) == response::BodyStep::Read {
+                edit_answer(exchange, plugin, view, true);
+            }
+        })
+    }
+
+    /// The stream is complete (answered, or reset): a request sent on a bound is counted now,
+    /// by a call of the configuration (Envoy would cancel the stream's own with it).
+    pub fn complete(&mut self, envoy: &mut dyn Envoy) {
+        let shared = self.shared.clone();
+        let mut view = View {
+            envoy,
+            metrics: &shared.metrics,
+            later: Some(&shared.calls),
+        };
+        let before = self.exchange.pending_token();
+        self.exchange.on_stream_end(&shared.plugin, &mut view);
+        let after = self.exchange.pending_token();
+        self.later = after.is_some() && after != before;
+    }
+
+    /// The stream is gone. A count made after it goes on without it (its answer is stored);
+    /// Envoy cancels the stream's own calls: such a call still out is not kept
     /// (docs/module.md).
     pub fn destroyed(mut self) {
-        if !self.broken && self.exchange.abandon().is_some() {
+        if self.broken {
+            return;
+        }
+        let Some(orphan) = self.exchange.abandon() else {
+            return;
+        };
+        if self.later {
+            self.shared.calls.adopt(orphan, &self.shared.plugin);
+        } else {
             log::debug!("incontext: a tokenizer call was cancelled with its stream");
         }
     }

@@ -398,3 +398,237 @@ fn a_config_is_refused_with_its_field_named() {
         .unwrap();
     assert!(err.contains("filter_name"), "{err}");
 }
+
+#[test]
+fn a_window_error_ending_in_trailers_is_translated_before_them() {
+    let (shared, names) = shared(CONFIG);
+    let body = chat("no room left", 100_000);
+    let mut f = post(&body);
+    let mut s = Stream::new(shared.clone());
+    assert_eq!(s.request_headers(&mut f, false), HeadStatus::Stop);
+    assert_eq!(send_body(&mut s, &mut f, &body), DataStatus::Buffer);
+    s.callout_done(&mut f, 7, &answer(&tokenizer_answer(32_000)));
+    assert_eq!(f.resumed, 1);
+    assert_eq!(f.request_body, body);
+
+    f.response_headers = vec![
+        (":status".into(), "400".into()),
+        ("content-type".into(), "application/json".into()),
+    ];
+    assert_eq!(s.response_headers(&mut f, false), HeadStatus::Continue);
+    let error = br#"{"error":{"message":"This model's maximum context length is 32768 tokens. However, your prompt contains at least 32769 input tokens, which exceeds this limit even without any output tokens. Please reduce the length of the input prompt. (parameter=input_tokens, value=32769)","type":"BadRequestError","param":"input_tokens","code":400}}"#;
+    // The error is buffered whole; its body ends in trailers, with no more bytes.
+    f.response_body = error.to_vec();
+    assert_eq!(s.response_body(&mut f, false), DataStatus::Buffer);
+    s.response_trailers(&mut f);
+    let sent: serde_json::Value = serde_json::from_slice(&f.response_body).unwrap();
+    assert_eq!(sent["error"]["code"], "context_length_exceeded", "{sent}");
+    let moved = counted(&names, &f);
+    assert!(
+        moved.contains(&("incontext_translated".to_string(), 1)),
+        "{moved:?}"
+    );
+
+    // Trailers of an answer that is not watched change nothing.
+    let mut g = post(&body);
+    let mut t = Stream::new(shared);
+    g.response_headers = vec![(":status".into(), "200".into())];
+    assert_eq!(t.response_headers(&mut g, false), HeadStatus::Continue);
+    g.response_body = b"plain".to_vec();
+    assert_eq!(t.response_body(&mut g, false), DataStatus::Continue);
+    t.response_trailers(&mut g);
+    assert_eq!(g.response_body, b"plain");
+}
+
+/// A POST of `body` with no content-length (chunked over HTTP/1, or HTTP/2).
+fn post_unframed(body: &[u8]) -> Fake {
+    let mut f = post(body);
+    f.request_headers.retain(|(k, _)| k != "content-length");
+    f
+}
+
+#[test]
+fn a_held_request_without_a_length_goes_on_whole_with_one() {
+    let config = format!(
+        "{},\"max_body_bytes\":64}}",
+        CONFIG.trim_end().trim_end_matches('}')
+    );
+    let (shared, names) = shared(&config);
+    // Over max_body_bytes: not budgeted, but held to its end all the same.
+    let body = chat("a body over the limit", 100_000);
+    let mut f = post_unframed(&body);
+    let mut s = Stream::new(shared.clone());
+    assert_eq!(s.request_headers(&mut f, false), HeadStatus::Stop);
+    f.request_body = body[..80].to_vec();
+    assert_eq!(s.request_body(&mut f, false), DataStatus::Buffer);
+    f.request_body = body.clone();
+    assert_eq!(s.request_body(&mut f, true), DataStatus::Continue);
+    assert!(f.callouts.is_empty());
+    assert_eq!(f.request_body, body);
+    let n = body.len().to_string();
+    assert_eq!(
+        header(&f.request_headers, "content-length"),
+        Some(n.as_str())
+    );
+    assert_eq!(
+        counted(&names, &f),
+        counts(&[
+            ("incontext_requests", 1),
+            ("incontext_unchanged_too_large", 1)
+        ])
+    );
+
+    // Ended by trailers before its end of stream: unchanged, with its length.
+    let small = br#"{"messages":[]}"#;
+    let mut g = post_unframed(small);
+    let mut t = Stream::new(shared);
+    assert_eq!(t.request_headers(&mut g, false), HeadStatus::Stop);
+    g.request_body = small.to_vec();
+    assert_eq!(t.request_body(&mut g, false), DataStatus::Buffer);
+    t.request_trailers(&mut g);
+    let n = small.len().to_string();
+    assert_eq!(
+        header(&g.request_headers, "content-length"),
+        Some(n.as_str())
+    );
+    assert_eq!(g.request_body, small);
+}
+
+#[test]
+fn a_rewritten_request_without_a_length_gets_its_new_one() {
+    let (shared, _) = shared(CONFIG);
+    let body = chat("sent chunked", 100_000);
+    let mut f = post_unframed(&body);
+    let mut s = Stream::new(shared);
+    assert_eq!(s.request_headers(&mut f, false), HeadStatus::Stop);
+    assert_eq!(send_body(&mut s, &mut f, &body), DataStatus::Buffer);
+    s.callout_done(&mut f, 7, &answer(&tokenizer_answer(1000)));
+    assert_eq!(f.resumed, 1);
+    assert_ne!(f.request_body, body);
+    let n = f.request_body.len().to_string();
+    assert_eq!(
+        header(&f.request_headers, "content-length"),
+        Some(n.as_str())
+    );
+}
+
+/// The bodies of a conversation's first turns, each with one more tool round (a model of its
+/// own: the table is the process's, shared by every test).
+fn turns(tag: &str, n: usize, cap: u64) -> Vec<Vec<u8>> {
+    let question = format!("fix the bug {tag}");
+    let mut messages = vec![serde_json::json!({"role": "user", "content": question})];
+    let mut out = Vec::new();
+    for i in 0..n {
+        out.push(
+            serde_json::to_vec(&serde_json::json!({
+                "model": format!("m {tag}"),
+                "messages": messages,
+                "max_tokens": cap,
+                "tools": [{"type": "function", "function": {"name": "read", "parameters": {}}}],
+            }))
+            .unwrap(),
+        );
+        messages.push(
+            serde_json::json!({"role": "assistant", "content": null, "tool_calls": [
+            {"id": format!("c{i}"), "type": "function",
+             "function": {"name": "read", "arguments": format!("{{\"path\":\"f{i}\"}}")}}]}),
+        );
+        messages.push(
+            serde_json::json!({"role": "tool", "tool_call_id": format!("c{i}"),
+                                         "content": "x".repeat(200)}),
+        );
+    }
+    out
+}
+
+/// A stream through its request (answered by `count` when it calls) and its answer.
+fn through(shared: &Arc<Shared>, body: &[u8], count: usize) -> (Stream, Fake) {
+    let mut f = post(body);
+    let mut s = Stream::new(shared.clone());
+    assert_eq!(s.request_headers(&mut f, false), HeadStatus::Stop);
+    if send_body(&mut s, &mut f, body) == DataStatus::Buffer {
+        s.callout_done(&mut f, 7, &answer(&tokenizer_answer(count)));
+    }
+    f.response_headers = vec![(":status".into(), "200".into())];
+    s.response_headers(&mut f, false);
+    (s, f)
+}
+
+#[test]
+fn a_skipped_request_is_counted_after_its_stream_by_the_configuration() {
+    let config = format!(
+        "{},\"skip_count\":true}}",
+        CONFIG.trim_end().trim_end_matches('}')
+    );
+    for answer_first in [false, true] {
+        let (shared, names) = shared(&config);
+        let woken = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let w = woken.clone();
+        shared.calls.set_wake(Box::new(move || {
+            w.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }));
+        let t = turns(&format!("after its stream {answer_first}"), 3, 100);
+        let (mut s, mut f) = through(&shared, &t[0], 1000);
+        s.complete(&mut f);
+        s.destroyed();
+        assert!(shared.calls.take().is_empty());
+
+        // The second turn goes on its bound, with no call; at its end the configuration
+        // counts it (the counters of the hand-over move with the stream).
+        let (mut s, mut f) = through(&shared, &t[1], 1000);
+        assert!(f.callouts.is_empty());
+        assert_eq!(
+            header(&f.response_headers, "x-incontext-source"),
+            Some("bound")
+        );
+        s.complete(&mut f);
+        assert_eq!(woken.load(std::sync::atomic::Ordering::SeqCst), 1);
+        let moved = counted(&names, &f);
+        assert!(
+            moved.contains(&("incontext_bound_checks".into(), 1)),
+            "{moved:?}"
+        );
+        let out = shared.calls.take();
+        assert_eq!(out.len(), 1);
+        let (token, call) = &out[0];
+        assert_eq!(call.cluster, "vllm");
+        assert!(call.headers.contains(&(":path".into(), "/tokenize".into())));
+        assert!(!call.body.is_empty());
+        shared.calls.sent(*token, Some(42));
+        // A count far above the bound, before or after the stream is gone.
+        let reply = tokenizer_answer(30_000);
+        if answer_first {
+            shared.calls.answered(42, &answer(&reply), &shared.plugin);
+            s.destroyed();
+        } else {
+            s.destroyed();
+            shared.calls.answered(42, &answer(&reply), &shared.plugin);
+        }
+        assert_eq!(shared.calls.waiting(), 0);
+
+        // Skipping is off: the third turn is counted before it goes on.
+        let mut g = post(&t[2]);
+        let mut u = Stream::new(shared.clone());
+        assert_eq!(u.request_headers(&mut g, false), HeadStatus::Stop);
+        assert_eq!(send_body(&mut u, &mut g, &t[2]), DataStatus::Buffer);
+        assert_eq!(g.callouts.len(), 1, "answer first: {answer_first}");
+    }
+}
+
+#[test]
+fn without_a_scheduler_no_call_is_handed_over() {
+    let (shared, _) = shared(CONFIG);
+    let call = incontext_core::flow::Call {
+        method: "POST",
+        path: "/tokenize".into(),
+        body: Some(b"{}".to_vec()),
+        kind: incontext_core::backend::CallKind::Tokenize,
+    };
+    assert_eq!(shared.calls.send("vllm", &[], &call, 100), None);
+    shared.calls.set_wake(Box::new(|| {}));
+    assert_eq!(shared.calls.send("vllm", &[], &call, 100), Some(0));
+    shared.calls.sent(0, None);
+    assert_eq!(shared.calls.waiting(), 0);
+    shared.calls.close();
+    assert_eq!(shared.calls.send("vllm", &[], &call, 100), None);
+}

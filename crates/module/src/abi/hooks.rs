@@ -29,9 +29,18 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_new(
         config::load(&mut define, name, config, |v| std::env::var(v).ok())
     }));
     match loaded {
-        Ok(Ok(shared)) => Box::into_raw(Box::new(Arc::new(shared)))
-            .cast_const()
-            .cast(),
+        Ok(Ok(shared)) => {
+            let scheduler = envoy_dynamic_module_callback_http_filter_config_scheduler_new(
+                filter_config_envoy_ptr,
+            );
+            if !scheduler.is_null() {
+                let scheduler = Scheduler(scheduler);
+                shared.calls.set_wake(Box::new(move || scheduler.commit()));
+            }
+            Box::into_raw(Box::new(Arc::new(shared)))
+                .cast_const()
+                .cast()
+        }
         Ok(Err(line)) => {
             log::error!("{line}");
             null()
@@ -46,8 +55,145 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_destroy(
 ) {
     if !filter_config_ptr.is_null() {
         let config = Box::from_raw(filter_config_ptr.cast::<Arc<Shared>>().cast_mut());
-        let _ = catch_unwind(AssertUnwindSafe(move || drop(config)));
+        let _ = catch_unwind(AssertUnwindSafe(move || {
+            config.calls.close();
+            drop(config)
+        }));
     }
+}
+
+/// A configuration's scheduler: it wakes Envoy's main thread for the configuration's calls
+/// (`on_http_filter_config_scheduled`). Deleted with the last reference to it.
+struct Scheduler(HttpFilterConfigSchedulerModulePtr);
+
+// SAFETY: Envoy's configuration scheduler may be committed from any thread.
+unsafe impl Send for Scheduler {}
+unsafe impl Sync for Scheduler {}
+
+impl Scheduler {
+    fn commit(&self) {
+        // SAFETY: the scheduler lives until this value is dropped.
+        unsafe { envoy_dynamic_module_callback_http_filter_config_scheduler_commit(self.0, 0) }
+    }
+}
+
+impl Drop for Scheduler {
+    fn drop(&mut self) {
+        // SAFETY: made by `config_scheduler_new`, deleted once.
+        unsafe { envoy_dynamic_module_callback_http_filter_config_scheduler_delete(self.0) }
+    }
+}
+
+/// The configuration behind a module pointer; `None` for a null one.
+///
+/// # Safety
+/// `ptr` must be a pointer `on_http_filter_config_new` returned and not yet destroyed.
+unsafe fn config_of<'a>(ptr: HttpFilterConfigModulePtr) -> Option<&'a Arc<Shared>> {
+    ptr.cast::<Arc<Shared>>().as_ref()
+}
+
+/// Envoy's main thread, woken for the configuration's calls: each goes out.
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_scheduled(
+    filter_config_envoy_ptr: HttpFilterConfigEnvoyPtr,
+    filter_config_ptr: HttpFilterConfigModulePtr,
+    _event_id: u64,
+) {
+    let Some(shared) = config_of(filter_config_ptr) else {
+        return;
+    };
+    let _ = catch_unwind(AssertUnwindSafe(|| {
+        for (token, call) in shared.calls.take() {
+            let headers: Vec<(&str, &str)> = call
+                .headers
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_str()))
+                .collect();
+            let mut list = module_headers(&headers);
+            let mut id = 0u64;
+            // SAFETY: the configuration of this hook; Envoy copies every buffer.
+            let result = envoy_dynamic_module_callback_http_filter_config_http_callout(
+                filter_config_envoy_ptr,
+                &mut id,
+                module_buffer(call.cluster.as_bytes()),
+                list.as_mut_ptr(),
+                list.len(),
+                module_buffer(&call.body),
+                call.timeout_ms,
+            );
+            let sent = result == envoy_dynamic_module_type_http_callout_init_result_Success;
+            shared.calls.sent(token, sent.then_some(id));
+        }
+    }));
+}
+
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_http_callout_done(
+    _filter_config_envoy_ptr: HttpFilterConfigEnvoyPtr,
+    filter_config_ptr: HttpFilterConfigModulePtr,
+    callout_id: u64,
+    result: HttpCalloutResult,
+    headers: *mut EnvoyHttpHeader,
+    headers_size: usize,
+    body_chunks: *mut EnvoyBuffer,
+    body_chunks_size: usize,
+) {
+    let Some(shared) = config_of(filter_config_ptr) else {
+        return;
+    };
+    let (status, size, body) =
+        call_answer(result, headers, headers_size, body_chunks, body_chunks_size);
+    let answer = CallAnswer {
+        status,
+        size,
+        body: &body,
+    };
+    let _ = catch_unwind(AssertUnwindSafe(|| {
+        shared.calls.answered(callout_id, &answer, &shared.plugin)
+    }));
+}
+
+/// A call's answer as Envoy hands it over: its status (`None` without a response), its body's
+/// size, and the body when it is not over the read limit.
+///
+/// # Safety
+/// The lists must be Envoy's, valid for the current hook (or null).
+unsafe fn call_answer(
+    result: HttpCalloutResult,
+    headers: *mut EnvoyHttpHeader,
+    headers_size: usize,
+    body_chunks: *mut EnvoyBuffer,
+    body_chunks_size: usize,
+) -> (Option<u16>, usize, Vec<u8>) {
+    let headers = envoy_list(headers.cast_const(), headers_size);
+    let chunks = envoy_list(body_chunks.cast_const(), body_chunks_size);
+    let status = (result == envoy_dynamic_module_type_http_callout_result_Success)
+        .then(|| {
+            headers.iter().find_map(|h| {
+                let key = envoy_bytes(EnvoyBuffer {
+                    ptr: h.key_ptr,
+                    length: h.key_length,
+                });
+                let value = envoy_bytes(EnvoyBuffer {
+                    ptr: h.value_ptr,
+                    length: h.value_length,
+                });
+                (key == b":status")
+                    .then(|| std::str::from_utf8(value).ok()?.trim().parse::<u16>().ok())
+                    .flatten()
+            })
+        })
+        .flatten();
+    let size: usize = chunks.iter().map(|c| c.length).sum();
+    let mut body = Vec::new();
+    if size <= incontext_core::flow::MAX_REPLY_BYTES {
+        body.reserve(size);
+        for c in chunks {
+            body.extend_from_slice(envoy_bytes(*c));
+        }
+    }
+    (status, size, body)
 }
 
 /// Per-route configurations are not supported: Envoy refuses one.
@@ -256,18 +402,25 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_response_body(
 }
 
 #[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_response_trailers(
-    _filter_envoy_ptr: HttpFilterEnvoyPtr,
-    _filter_module_ptr: HttpFilterModulePtr,
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_response_trailers(
+    filter_envoy_ptr: HttpFilterEnvoyPtr,
+    filter_module_ptr: HttpFilterModulePtr,
 ) -> OnHttpFilterResponseTrailersStatus {
+    on_stream(filter_envoy_ptr, filter_module_ptr, None, |s, f| {
+        s.guard(f, (), false, |s, e| s.response_trailers(e))
+    });
     envoy_dynamic_module_type_on_http_filter_response_trailers_status_Continue
 }
 
+/// The stream is complete: a request sent on a bound is counted now (by the configuration).
 #[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_stream_complete(
-    _filter_envoy_ptr: HttpFilterEnvoyPtr,
-    _filter_module_ptr: HttpFilterModulePtr,
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_stream_complete(
+    filter_envoy_ptr: HttpFilterEnvoyPtr,
+    filter_module_ptr: HttpFilterModulePtr,
 ) {
+    on_stream(filter_envoy_ptr, filter_module_ptr, None, |s, f| {
+        s.guard(f, (), false, |s, e| s.complete(e))
+    });
 }
 
 #[no_mangle]
@@ -296,34 +449,9 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_http_callout_done(
     body_chunks: *mut EnvoyBuffer,
     body_chunks_size: usize,
 ) {
-    let headers = envoy_list(headers.cast_const(), headers_size);
-    let chunks = envoy_list(body_chunks.cast_const(), body_chunks_size);
     let answer = |s: &mut Stream, e: &mut dyn Envoy| {
-        let status = (result == envoy_dynamic_module_type_http_callout_result_Success)
-            .then(|| {
-                headers.iter().find_map(|h| {
-                    let key = envoy_bytes(EnvoyBuffer {
-                        ptr: h.key_ptr,
-                        length: h.key_length,
-                    });
-                    let value = envoy_bytes(EnvoyBuffer {
-                        ptr: h.value_ptr,
-                        length: h.value_length,
-                    });
-                    (key == b":status")
-                        .then(|| std::str::from_utf8(value).ok()?.trim().parse::<u16>().ok())
-                        .flatten()
-                })
-            })
-            .flatten();
-        let size: usize = chunks.iter().map(|c| c.length).sum();
-        let mut body = Vec::new();
-        if size <= incontext_core::flow::MAX_REPLY_BYTES {
-            body.reserve(size);
-            for c in chunks {
-                body.extend_from_slice(envoy_bytes(*c));
-            }
-        }
+        let (status, size, body) =
+            call_answer(result, headers, headers_size, body_chunks, body_chunks_size);
         let answer = CallAnswer {
             status,
             size,

@@ -1,0 +1,216 @@
+//! Calls a filter configuration makes, not a stream: the count after a skipped request's
+//! stream (docs/spec.md §15). Envoy cancels a stream's calls with the stream, so this one goes
+//! out from Envoy's main thread: the stream hands it over ([`Calls::send`]), the configuration's
+//! scheduler wakes the main thread, which sends what waits ([`Calls::take`], [`Calls::sent`]);
+//! the answer ([`Calls::answered`]) goes to the request's orphan ([`Calls::adopt`]), which stores
+//! it, whichever of the two comes first.
+//!
+//! Envoy moves a counter only through a stream: what such an answer counts is not counted.
+
+use crate::stream::{now_ms, CallAnswer};
+use crate::table::TABLE;
+use incontext_core::flow::{Call, Histogram, Host, Metric, Orphan, Plugin, Reply};
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+/// A call to send, owned: the stream that made it is gone by then.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outgoing {
+    pub cluster: String,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+    pub timeout_ms: u64,
+}
+
+/// What a call waits for.
+enum Waiting {
+    /// Its orphan, once the stream is gone.
+    Stream,
+    Orphan(Orphan),
+    /// Its answer came before its orphan.
+    Answered(Option<u16>, usize, Vec<u8>),
+}
+
+#[derive(Default)]
+struct State {
+    next: u32,
+    queue: Vec<(u32, Outgoing)>,
+    /// Envoy's callout id → the call's token.
+    out: HashMap<u64, u32>,
+    waiting: HashMap<u32, Waiting>,
+}
+
+/// Wakes Envoy's main thread (the configuration's scheduler).
+pub type Wake = Box<dyn Fn() + Send + Sync>;
+
+#[derive(Default)]
+pub struct Calls {
+    state: Mutex<State>,
+    wake: Mutex<Option<Wake>>,
+}
+
+/// At most this many calls wait at once; past it a call is not made (as a refused dispatch).
+pub const MAX_WAITING: usize = 4096;
+
+impl Calls {
+    /// How the main thread is woken; until set (and after [`Calls::close`]), no call is made.
+    pub fn set_wake(&self, wake: Wake) {
+        if let Ok(mut w) = self.wake.lock() {
+            *w = Some(wake);
+        }
+    }
+
+    /// The configuration is going: no call is made any more.
+    pub fn close(&self) {
+        if let Ok(mut w) = self.wake.lock() {
+            *w = None;
+        }
+    }
+
+    /// Hands a call over to the main thread; its token, `None` when it cannot be made.
+    pub fn send(
+        &self,
+        cluster: &str,
+        headers: &[(&str, &str)],
+        call: &Call,
+        timeout_ms: u64,
+    ) -> Option<u32> {
+        let wake = self.wake.lock().ok()?;
+        let wake = wake.as_ref()?;
+        let token = {
+            let mut state = self.state.lock().ok()?;
+            if state.waiting.len() >= MAX_WAITING {
+                return None;
+            }
+            let token = state.next;
+            state.next = state.next.wrapping_add(1);
+            let outgoing = Outgoing {
+                cluster: cluster.to_string(),
+                headers: headers
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+                body: call.body.clone().unwrap_or_default(),
+                timeout_ms,
+            };
+            state.queue.push((token, outgoing));
+            state.waiting.insert(token, Waiting::Stream);
+            token
+        };
+        wake();
+        Some(token)
+    }
+
+    /// The calls to send now (on the main thread).
+    pub fn take(&self) -> Vec<(u32, Outgoing)> {
+        match self.state.lock() {
+            Ok(mut state) => std::mem::take(&mut state.queue),
+            Err(_) => Vec::new(),
+        }
+    }
+
+    /// Call `token` went out as Envoy's callout `id`; `None`: Envoy refused it.
+    pub fn sent(&self, token: u32, id: Option<u64>) {
+        let Ok(mut state) = self.state.lock() else {
+            return;
+        };
+        match id {
+            Some(id) => {
+                state.out.insert(id, token);
+            }
+            None => {
+                state.waiting.remove(&token);
+                log::debug!("incontext: a count after its stream could not be sent");
+            }
+        }
+    }
+
+    /// The orphan of the stream that made call `orphan.token()`: it stores the answer, now if
+    /// it came already.
+    pub fn adopt(&self, orphan: Orphan, plugin: &Plugin) {
+        let token = orphan.token();
+        let answered = {
+            let Ok(mut state) = self.state.lock() else {
+                return;
+            };
+            match state.waiting.remove(&token) {
+                Some(Waiting::Stream) => {
+                    state.waiting.insert(token, Waiting::Orphan(orphan));
+                    return;
+                }
+                Some(Waiting::Answered(status, size, body)) => (status, size, body),
+                // Refused, or not this configuration's call.
+                Some(Waiting::Orphan(_)) | None => return,
+            }
+        };
+        let (status, size, body) = answered;
+        let reply = Reply {
+            token,
+            status,
+            size,
+            body: &body,
+        };
+        orphan.on_reply(plugin, &mut Detached, &reply);
+    }
+
+    /// The answer to Envoy's callout `id`.
+    pub fn answered(&self, id: u64, answer: &CallAnswer, plugin: &Plugin) {
+        let orphan = {
+            let Ok(mut state) = self.state.lock() else {
+                return;
+            };
+            let Some(token) = state.out.remove(&id) else {
+                return;
+            };
+            match state.waiting.remove(&token) {
+                Some(Waiting::Orphan(orphan)) => orphan,
+                Some(Waiting::Stream) => {
+                    let kept = Waiting::Answered(answer.status, answer.size, answer.body.to_vec());
+                    state.waiting.insert(token, kept);
+                    return;
+                }
+                Some(Waiting::Answered(..)) | None => return,
+            }
+        };
+        let reply = Reply {
+            token: orphan.token(),
+            status: answer.status,
+            size: answer.size,
+            body: answer.body,
+        };
+        orphan.on_reply(plugin, &mut Detached, &reply);
+    }
+
+    /// Calls waiting (handed over, sent, or answered before their orphan).
+    pub fn waiting(&self) -> usize {
+        self.state.lock().map(|s| s.waiting.len()).unwrap_or(0)
+    }
+}
+
+/// The core's view of Envoy outside any stream: the shared table and the clock; no calls,
+/// and no counters (Envoy moves them only through a stream).
+struct Detached;
+
+impl Host for Detached {
+    fn get_shared(&mut self, key: &str) -> Option<Vec<u8>> {
+        TABLE.get(key)
+    }
+
+    fn set_shared(&mut self, key: &str, value: &[u8]) {
+        TABLE.set(key, value);
+    }
+
+    fn dispatch(&mut self, _: &str, _: &[(&str, &str)], _: &Call, _: u64) -> Option<u32> {
+        None
+    }
+
+    fn increment(&mut self, _: Metric) {}
+
+    fn now_ms(&mut self) -> Option<u64> {
+        now_ms()
+    }
+
+    fn record(&mut self, _: Histogram, _: u64) {}
+
+    fn increment_route(&mut self, _: usize, _: Metric) {}
+}

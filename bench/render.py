@@ -2,6 +2,7 @@
 """Renders the three Envoy configs of a bench run from envoy/envoy.yaml.
 
     render.py OUTDIR WASM UPSTREAM_PORT FILTER_PORT NOFILTER_PORT ADMIN_BASE [EXTRA_PLUGIN_JSON]
+              [MODULE_PORT]
 
   upstream.yaml  the fast upstream: POST /tokenize -> {"count":1000,"max_model_len":32768},
                  /v1/messages/count_tokens -> {"input_tokens":1000}, /v1/messages -> a
@@ -17,6 +18,9 @@
                  merged into the plugin configuration). Admin on ADMIN_BASE+1.
   nofilter.yaml  the same config without the wasm filter (buffer filter and router kept).
                  Admin on ADMIN_BASE+2.
+  module.yaml    with MODULE_PORT: envoy/envoy-module.yaml (the native module, no buffer
+                 filter) with the same changes (no wasm path: Envoy finds the module through
+                 ENVOY_DYNAMIC_MODULES_SEARCH_PATH). Admin on ADMIN_BASE+3.
 """
 
 import copy
@@ -27,6 +31,7 @@ import sys
 import yaml
 
 WASM_FILTER = "envoy.filters.http.wasm"
+MODULE_FILTER = "envoy.filters.http.dynamic_modules"
 TOKENIZE_REPLY = '{"count":1000,"max_model_len":32768}'
 CHAT_REPLY = ('{"id":"chatcmpl-bench","object":"chat.completion","model":"qwen3-coder",'
               '"choices":[{"index":0,"message":{"role":"assistant","content":"ok"},'
@@ -67,7 +72,17 @@ def hcm(cfg):
     raise KeyError("no http_connection_manager in envoy/envoy.yaml")
 
 
-def proxy(shipped, wasm, port, admin, upstream_port, extra, with_filter):
+def plugin_json(value, extra):
+    """The plugin configuration as the bench runs it: the shipped one, context_length 32768,
+    EXTRA merged."""
+    plugin = json.loads(value)
+    plugin["context_length"] = 32768
+    plugin.update(extra)
+    return json.dumps(plugin)
+
+
+def addresses(shipped, port, admin, upstream_port):
+    """A copy of a shipped config on loopback, its `vllm` cluster pointed at the upstream."""
     cfg = copy.deepcopy(shipped)
     cfg["admin"]["address"]["socket_address"].update(address="127.0.0.1", port_value=admin)
     listener = cfg["static_resources"]["listeners"][0]
@@ -76,17 +91,27 @@ def proxy(shipped, wasm, port, admin, upstream_port, extra, with_filter):
     sa = vllm["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"][
         "socket_address"]
     sa.update(address="127.0.0.1", port_value=upstream_port)
+    return cfg
+
+
+def proxy(shipped, wasm, port, admin, upstream_port, extra, with_filter):
+    cfg = addresses(shipped, port, admin, upstream_port)
     h = hcm(cfg)
     if with_filter:
         wf = next(f for f in h["http_filters"] if f["name"] == WASM_FILTER)
         conf = wf["typed_config"]["config"]
         conf["vm_config"]["code"]["local"]["filename"] = wasm
-        plugin = json.loads(conf["configuration"]["value"])
-        plugin["context_length"] = 32768
-        plugin.update(extra)
-        conf["configuration"]["value"] = json.dumps(plugin)
+        conf["configuration"]["value"] = plugin_json(conf["configuration"]["value"], extra)
     else:
         h["http_filters"] = [f for f in h["http_filters"] if f["name"] != WASM_FILTER]
+    return cfg
+
+
+def module_proxy(shipped, port, admin, upstream_port, extra):
+    cfg = addresses(shipped, port, admin, upstream_port)
+    mf = next(f for f in hcm(cfg)["http_filters"] if f["name"] == MODULE_FILTER)
+    conf = mf["typed_config"]["filter_config"]
+    conf["value"] = plugin_json(conf["value"], extra)
     return cfg
 
 
@@ -132,8 +157,9 @@ def main():
     outdir, wasm = sys.argv[1], sys.argv[2]
     up, fport, nport, admin = (int(x) for x in sys.argv[3:7])
     extra = json.loads(sys.argv[7]) if len(sys.argv) > 7 and sys.argv[7] else {}
-    config = os.environ.get("BENCH_ENVOY_CONFIG") or os.path.join(
-        os.path.dirname(os.path.abspath(__file__)), "..", "envoy", "envoy.yaml")
+    mport = int(sys.argv[8]) if len(sys.argv) > 8 and sys.argv[8] else None
+    envoy_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "envoy")
+    config = os.environ.get("BENCH_ENVOY_CONFIG") or os.path.join(envoy_dir, "envoy.yaml")
     with open(config, encoding="utf-8") as f:
         shipped = yaml.safe_load(f)
     out = {
@@ -141,6 +167,9 @@ def main():
         "filter": proxy(shipped, wasm, fport, admin + 1, up, extra, True),
         "nofilter": proxy(shipped, wasm, nport, admin + 2, up, extra, False),
     }
+    if mport is not None:
+        with open(os.path.join(envoy_dir, "envoy-module.yaml"), encoding="utf-8") as f:
+            out["module"] = module_proxy(yaml.safe_load(f), mport, admin + 3, up, extra)
     for name, cfg in out.items():
         with open(f"{outdir}/{name}.yaml", "w", encoding="utf-8") as f:
             yaml.safe_dump(cfg, f, sort_keys=False)

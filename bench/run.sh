@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# incontext performance bench: Envoy WITH the filter vs the SAME Envoy WITHOUT it, in one run.
+# incontext performance bench: Envoy WITH the filter (the wasm build and the native module)
+# vs the SAME Envoy WITHOUT it, in one run.
 #
 #   bench/run.sh              full run: throughput/latency tables + 100k-request memory soak,
 #                             printed and written to bench/results.md (~8 min)
@@ -12,12 +13,15 @@
 #             {"count":1000,"max_model_len":32768}, anything else -> a small chat completion.
 #   filter    envoy/envoy.yaml with only addresses, the wasm path and context_length: 32768
 #             changed (bench/render.py), the `vllm` cluster pointed at the upstream.
-#   nofilter  the same config without the wasm filter (buffer filter + router kept).
-# Both proxies run with --concurrency 2. wrk (Debian package; installed if missing) drives one
+#   nofilter  the same config without the wasm filter (buffer filter + router kept): Envoy alone.
+#   module    envoy/envoy-module.yaml (the native dynamic module, no buffer filter) with the same
+#             changes; the module is target/module/libincontext_module.so (scripts/build-module.sh).
+# Every proxy runs with --concurrency 2. wrk (Debian package; installed if missing) drives one
 # proxy at a time, 16 connections, 2 threads. Each point gets a warm-up per variant, then
 # BENCH_DURATION per variant split into BENCH_ROUNDS interleaved rounds (no-filter, filter,
-# filter, no-filter, ...), so drifting background load hits both variants alike; the report
-# gives total rps, the median of the per-round ratios (with their range) and median latencies.
+# module, then module, filter, no-filter, ...), so drifting background load hits every variant
+# alike; the report gives total rps, the median of each build's per-round ratios to the
+# no-filter Envoy (with their range) and median latencies.
 # CPU pinning: none by default. On 2 cores every process (2 proxy workers, 2 wrk threads, the
 # upstream) is CPU-bound, so a split (proxy on one CPU, wrk + upstream on the other) only
 # halves the proxy's CPU and skews its two workers; BENCH_CPUS_* allow trying it.
@@ -39,9 +43,12 @@
 #     (1 connection: no queueing, so added p50 is the filter's own per-request latency;
 #     at 16 connections the proxies are saturated and p50 is mostly queueing, ~16/rps)
 #   BENCH_SOAK_REQUESTS [100000]  BENCH_SOAK_SIZE [2048]  BENCH_SOAK_CHUNK [5s]
-#   BENCH_PORT_BASE [18180]: ports BASE..BASE+2 (listeners) and BASE+10..BASE+12 (admin)
+#   BENCH_PORT_BASE [18180]: ports BASE..BASE+3 (listeners) and BASE+10..BASE+13 (admin)
 #   BENCH_CPUS_PROXY / BENCH_CPUS_UPSTREAM / BENCH_CPUS_WRK: taskset -c lists [unpinned]
 #   BENCH_WASM: use this .wasm instead of building target/wasm32-wasip1/release/incontext.wasm
+#   BENCH_BUILDS ["wasm module"]: the builds measured beside the no-filter Envoy ("wasm" always;
+#     "wasm" alone leaves the module out; BENCH_PROBE implies it)
+#   BENCH_MODULE: use this .so instead of building target/module/libincontext_module.so
 #   BENCH_PLUGIN_JSON: a JSON object merged into the plugin configuration, e.g.
 #     '{"response_headers": false}' (context_length is always 32768)
 #   BENCH_PROBE: none|buffer|read|write|report|lookups|head runs bench/probe (a filter doing only that much
@@ -72,8 +79,8 @@ SOAK_SIZE="${BENCH_SOAK_SIZE:-2048}"
 SOAK_CHUNK="${BENCH_SOAK_CHUNK:-5s}"
 BASE="${BENCH_PORT_BASE:-18180}"
 OUT="${BENCH_OUT:-$BENCH/results.md}"
-UP_PORT=$BASE; F_PORT=$((BASE + 1)); N_PORT=$((BASE + 2))
-ADMIN=$((BASE + 10)); F_ADMIN=$((ADMIN + 1)); N_ADMIN=$((ADMIN + 2))
+UP_PORT=$BASE; F_PORT=$((BASE + 1)); N_PORT=$((BASE + 2)); M_PORT=$((BASE + 3))
+ADMIN=$((BASE + 10)); F_ADMIN=$((ADMIN + 1)); N_ADMIN=$((ADMIN + 2)); M_ADMIN=$((ADMIN + 3))
 
 say() { printf '==> %s\n' "$*" >&2; }
 die() { printf 'bench: %s\n' "$*" >&2; exit 1; }
@@ -114,14 +121,33 @@ fi
 [ -f "$SRC_WASM" ] || die "no wasm at $SRC_WASM"
 cp "$SRC_WASM" "$WORK/incontext.wasm"   # a private copy: a rebuild during the run changes nothing
 
-for p in $UP_PORT $F_PORT $N_PORT $ADMIN $F_ADMIN $N_ADMIN; do
+# The variants, in the order of odd rounds (even rounds run them reversed).
+BUILDS="${BENCH_BUILDS-wasm module}"; [ -z "$PROBE" ] || BUILDS=wasm
+VARIANTS="nofilter filter"; MODULE=0; SRC_MODULE=""
+case " $BUILDS " in *" module "*) VARIANTS="nofilter filter module"; MODULE=1 ;; esac
+if [ "$MODULE" = 1 ]; then
+  if [ -n "${BENCH_MODULE:-}" ]; then
+    SRC_MODULE="$BENCH_MODULE"
+  else
+    say "building the module (scripts/build-module.sh)"
+    bash "$ROOT/scripts/build-module.sh" >/dev/null || die "module build failed"
+    SRC_MODULE="$ROOT/target/module/libincontext_module.so"
+  fi
+  [ -f "$SRC_MODULE" ] || die "no module at $SRC_MODULE"
+  mkdir -p "$WORK/module"
+  cp "$SRC_MODULE" "$WORK/module/libincontext_module.so"   # a private copy, as for the wasm
+fi
+
+for p in $UP_PORT $F_PORT $N_PORT $M_PORT $ADMIN $F_ADMIN $N_ADMIN $M_ADMIN; do
   if (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
     die "port $p is in use: set BENCH_PORT_BASE"
   fi
 done
 
 say "rendering configs and bodies in $WORK"
-"$PY" "$BENCH/render.py" "$WORK" "$WORK/incontext.wasm" "$UP_PORT" "$F_PORT" "$N_PORT" "$ADMIN" "${BENCH_PLUGIN_JSON:-}"
+MODULE_PORT_ARG=""; [ "$MODULE" = 0 ] || MODULE_PORT_ARG=$M_PORT
+"$PY" "$BENCH/render.py" "$WORK" "$WORK/incontext.wasm" "$UP_PORT" "$F_PORT" "$N_PORT" "$ADMIN" \
+  "${BENCH_PLUGIN_JSON:-}" $MODULE_PORT_ARG
 SOAK_SIZES="$SIZES"; [[ " $SIZES " == *" $SOAK_SIZE "* ]] || SOAK_SIZES="$SIZES $SOAK_SIZE"
 "$PY" "$BENCH/bodies.py" "$WORK" $SOAK_SIZES
 
@@ -129,6 +155,7 @@ pin() { if [ -n "$1" ]; then echo "taskset -c $1"; fi; }
 declare -A PID_OF
 start_envoy() { # name concurrency cpus admin_port
   local name=$1 conc=$2 cpus=$3 admin=$4
+  ENVOY_DYNAMIC_MODULES_SEARCH_PATH="$WORK/module" \
   $(pin "$cpus") "$ENVOY" -c "$WORK/$name.yaml" --concurrency "$conc" --disable-hot-restart \
     -l warn --log-path "$WORK/$name.log" >"$WORK/$name.out" 2>&1 </dev/null &
   local pid=$!
@@ -147,10 +174,14 @@ stop_envoy() { # name
   PIDS=("${keep[@]}")
 }
 
-counters() { # admin port -> "name=value ..." of the incontext counters
-  curl -sf "http://127.0.0.1:$1/stats?filter=^wasmcustom\.incontext_" \
-    | sed -n 's/^wasmcustom\.\(incontext_[a-z_]*\): \([0-9]*\)$/\1=\2/p' | tr '\n' ' '
+declare -A PORT_OF=([filter]=$F_PORT [nofilter]=$N_PORT [module]=$M_PORT)
+declare -A ADMIN_OF=([filter]=$F_ADMIN [nofilter]=$N_ADMIN [module]=$M_ADMIN)
+counters() { # admin port [stat prefix] -> "name=value ..." of the incontext counters
+  local prefix=${2:-wasmcustom}
+  curl -sf "http://127.0.0.1:$1/stats?filter=^$prefix\.incontext_" \
+    | sed -n "s/^$prefix\.\(incontext_[a-z_]*\): \([0-9]*\)\$/\1=\2/p" | tr '\n' ' '
 }
+module_counters() { counters $M_ADMIN dynamicmodulescustom; }
 memsnap() { # name admin label
   "$PY" "$BENCH/memstat.py" "${PID_OF[$1]}" "$2" "$3" | sed "s/^{/{\"envoy\": \"$1\", /" >>"$WORK/memory.jsonl"
 }
@@ -187,6 +218,8 @@ json.dump({
   "wrk": "$(wrk -v 2>&1 | head -1 | cut -d' ' -f1-2)",
   "wasm_size": $wasm_size,
   "wasm_src": "$SRC_WASM",
+  "module_size": $( [ "$MODULE" = 1 ] && stat -c %s "$WORK/module/libincontext_module.so" || echo null),
+  "module_src": "$SRC_MODULE", "variants": "$VARIANTS",
   "commit": "$(cd "$ROOT" && git rev-parse --short HEAD 2>/dev/null || echo unknown)",
   "duration": "$DURATION", "rounds": $ROUNDS, "round_s": $ROUND_S, "warmup": "$WARMUP", "connections": $CONNS, "threads": $THREADS,
   "cpus_proxy": "${BENCH_CPUS_PROXY:-}", "cpus_upstream": "${BENCH_CPUS_UPSTREAM:-}",
@@ -198,23 +231,25 @@ EOF
 }
 LOAD_START="$(cut -d' ' -f1-3 /proc/loadavg)"
 
-say "starting upstream, filter and no-filter Envoys ($ENVOY)"
+say "starting upstream and the $VARIANTS Envoys ($ENVOY)"
 start_envoy upstream 2 "${BENCH_CPUS_UPSTREAM:-}" "$ADMIN"
-start_envoy filter 2 "${BENCH_CPUS_PROXY:-}" "$F_ADMIN"
-start_envoy nofilter 2 "${BENCH_CPUS_PROXY:-}" "$N_ADMIN"
+for variant in $VARIANTS; do start_envoy $variant 2 "${BENCH_CPUS_PROXY:-}" "${ADMIN_OF[$variant]}"; done
 
-# Sanity: the filter rewrites a chat body and the no-filter Envoy answers.
+# counters of a filtering variant
+counters_of() { if [ "$1" = module ]; then module_counters; else counters $F_ADMIN; fi; }
+
+# Sanity: each filter rewrites a chat body and the no-filter Envoy answers.
 sed 's/@@UNIQ@@/sanity/' "$WORK/chat-${SIZES%% *}.json" >"$WORK/sanity.json"
-rewritten() { counters $F_ADMIN | tr ' ' '\n' | sed -n 's/^incontext_rewritten=//p'; }
-r0=$(rewritten)
-curl -sf -o /dev/null -H 'content-type: application/json' --data-binary @"$WORK/sanity.json" \
-  "http://127.0.0.1:$F_PORT/v1/chat/completions" || die "filter sanity request failed"
-[ -n "$PROBE" ] || [ "$(rewritten)" = $((r0 + 1)) ] || die "filter sanity check: the request was not rewritten (see $WORK/filter.log)"
-curl -sf -o /dev/null -H 'content-type: application/json' --data-binary @"$WORK/sanity.json" \
-  "http://127.0.0.1:$N_PORT/v1/chat/completions" || die "no-filter sanity request failed"
+rewritten() { counters_of $1 | tr ' ' '\n' | sed -n 's/^incontext_rewritten=//p'; }
+for variant in $VARIANTS; do
+  r0=$(rewritten $variant)
+  curl -sf -o /dev/null -H 'content-type: application/json' --data-binary @"$WORK/sanity.json" \
+    "http://127.0.0.1:${PORT_OF[$variant]}/v1/chat/completions" || die "$variant sanity request failed"
+  [ $variant = nofilter ] || [ -n "$PROBE" ] || [ "$(rewritten $variant)" = $((r0 + 1)) ] \
+    || die "$variant sanity check: the request was not rewritten (see $WORK/$variant.log)"
+done
 
-memsnap filter $F_ADMIN start
-memsnap nofilter $N_ADMIN start
+for variant in $VARIANTS; do memsnap $variant ${ADMIN_OF[$variant]} start; done
 
 # CPU time (ns) used so far by a process, all threads including exited ones (utime + stime
 # from /proc/PID/stat, in clock ticks): the proxies' own CPU per request, which background
@@ -222,16 +257,19 @@ memsnap nofilter $N_ADMIN start
 TICK_NS=$((1000000000 / $(getconf CLK_TCK)))
 cpu_ns() { awk -v t=$TICK_NS '{sub(/^.*\) /, ""); printf "%.0f", ($12 + $13) * t}' /proc/"$1"/stat; }
 
-# run_point i mode size conns: warm-up, then ROUNDS interleaved rounds of both variants.
+REVERSED="$(tr ' ' '\n' <<<"$VARIANTS" | tac | tr '\n' ' ')"
+# run_point i mode size conns: warm-up, then ROUNDS interleaved rounds of every variant.
 run_point() {
-  local i=$1 mode=$2 size=$3 conns=$4 r order variant port line before after pid c0 c1
-  wrk_run $N_PORT $mode $size "$WARMUP" "w$RUN_ID-$i-n" $conns >/dev/null
-  wrk_run $F_PORT $mode $size "$WARMUP" "w$RUN_ID-$i-f" $conns >/dev/null
+  local i=$1 mode=$2 size=$3 conns=$4 r order variant port line before after pid c0 c1 mbefore mafter
+  for variant in $VARIANTS; do
+    wrk_run ${PORT_OF[$variant]} $mode $size "$WARMUP" "w$RUN_ID-$i-$variant" $conns >/dev/null
+  done
   before=$(counters $F_ADMIN)
+  [ "$MODULE" = 0 ] || mbefore=$(module_counters)
   for r in $(seq 1 $ROUNDS); do
-    order="nofilter filter"; [ $(((i + r) % 2)) = 0 ] && order="filter nofilter"
+    order="$VARIANTS"; [ $(((i + r) % 2)) = 0 ] && order="$REVERSED"
     for variant in $order; do
-      if [ $variant = filter ]; then port=$F_PORT; else port=$N_PORT; fi
+      port=${PORT_OF[$variant]}
       pid=${PID_OF[$variant]}
       c0=$(cpu_ns $pid)
       line=$(wrk_run $port $mode $size "${ROUND_S}s" "m$RUN_ID-$i-$r-$variant" $conns)
@@ -242,6 +280,10 @@ run_point() {
   done
   after=$(counters $F_ADMIN)
   printf '%s\t%s\t%s\t%s\t%s\n' "$mode" "$size" "$conns" "$before" "$after" >>"$WORK/counters.tsv"
+  if [ "$MODULE" = 1 ]; then
+    mafter=$(module_counters)
+    printf '%s\t%s\t%s\t%s\t%s\tmodule\n' "$mode" "$size" "$conns" "$mbefore" "$mafter" >>"$WORK/counters.tsv"
+  fi
 }
 
 if [ "$WHAT" != soak ]; then
@@ -258,8 +300,7 @@ if [ "$WHAT" != soak ]; then
     i=$((i + 1))
     run_point $i $pt
   done
-  memsnap filter $F_ADMIN "after bench"
-  memsnap nofilter $N_ADMIN "after bench"
+  for variant in $VARIANTS; do memsnap $variant ${ADMIN_OF[$variant]} "after bench"; done
 fi
 
 if [ "$WHAT" != bench ]; then

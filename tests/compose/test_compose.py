@@ -473,9 +473,13 @@ def _filters_taken_out(cfg: dict) -> tuple:
 
 def test_module_config_differs_from_envoy_yaml_only_in_the_filter():
     """envoy/envoy-module.yaml is envoy/envoy.yaml with the wasm and buffer filters replaced by
-    the dynamic module, which takes the same plugin configuration."""
+    the dynamic module, which takes the same plugin configuration, and with the allocator told
+    to give free memory back (docs/module.md, "Speed and memory")."""
     module, module_filters, module_pc = _filters_taken_out(load_config("envoy-module.yaml"))
     wasm, wasm_filters, wasm_pc = _filters_taken_out(load_shipped())
+    assert module.pop("memory_allocator_manager") == {
+        "bytes_to_release": 67108864, "memory_release_interval": "1s"}
+    assert "memory_allocator_manager" not in wasm
     assert module == wasm
     assert module_pc == wasm_pc
     assert wasm_filters == ["envoy.filters.http.wasm", "envoy.filters.http.buffer",
@@ -496,7 +500,8 @@ def test_module_profile_mounts_the_module_where_the_image_has_it(doc):
     image = module_image()
     assert image["from"] == [single["image"]], image["from"]
     assert svc["environment"] == image["env"] == {
-        "ENVOY_DYNAMIC_MODULES_SEARCH_PATH": "/usr/local/lib/incontext"}, (svc["environment"], image)
+        "ENVOY_DYNAMIC_MODULES_SEARCH_PATH": "/usr/local/lib/incontext",
+        "GLIBC_TUNABLES": "glibc.pthread.rseq=0"}, (svc["environment"], image)
     mount, built = built_filter_mount(svc, load_config("envoy-module.yaml"))
     target = f"{image['env']['ENVOY_DYNAMIC_MODULES_SEARCH_PATH']}/{BUILT_MODULE.name}"
     assert bind_mounts(svc)[target] == mount

@@ -568,14 +568,20 @@ def test_envoy_config_passes_envoy_validate(config_name, tmp_path):
         text = text.replace(wasm, str(BUILT_WASM))
     path = tmp_path / config_name
     path.write_text(text)
-    out = subprocess.run([binary, "--mode", "validate", "-c", str(path), "-l", "info",
+    out, text_out = validate_with_module(binary, path)
+    assert out.returncode == 0 and "OK" in text_out, text_out[-3000:]
+    assert "invalid configuration" not in text_out, text_out[-3000:]
+
+
+def validate_with_module(binary, config: Path):
+    """`envoy --mode validate` of `config`, the built module on Envoy's search path: the
+    process and its output."""
+    out = subprocess.run([binary, "--mode", "validate", "-c", str(config), "-l", "info",
                           "--disable-hot-restart"],
                          capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
                          env={**os.environ,
                               "ENVOY_DYNAMIC_MODULES_SEARCH_PATH": str(BUILT_MODULE.parent)})
-    text_out = out.stdout + out.stderr
-    assert out.returncode == 0 and "OK" in text_out, text_out[-3000:]
-    assert "invalid configuration" not in text_out, text_out[-3000:]
+    return out, out.stdout + out.stderr
 
 
 def older_releases() -> list:
@@ -600,12 +606,7 @@ def test_older_release_loads_the_module_exactly_when_listed(version, builds, tmp
                             version], capture_output=True, text=True, timeout=600)
     assert found.returncode == 0, found.stderr[-2000:]
     binary = found.stdout.strip().splitlines()[-1]
-    out = subprocess.run([binary, "--mode", "validate", "-c", str(MODULE_CONFIG), "-l", "info",
-                          "--disable-hot-restart"],
-                         capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
-                         env={**os.environ,
-                              "ENVOY_DYNAMIC_MODULES_SEARCH_PATH": str(BUILT_MODULE.parent)})
-    text = out.stdout + out.stderr
+    out, text = validate_with_module(binary, MODULE_CONFIG)
     assert f"/{version}/" in subprocess.run([binary, "--version"], capture_output=True,
                                             text=True, timeout=60).stdout
     if "module" in builds:

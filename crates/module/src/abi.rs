@@ -493,21 +493,17 @@ impl Envoy for Filter {
         body: &[u8],
         timeout_ms: u64,
     ) -> Option<u64> {
-        let mut list = module_headers(headers);
-        let mut id = 0u64;
-        // SAFETY: `ptr` is the filter of the current hook; Envoy copies every buffer.
-        let result = unsafe {
-            envoy_dynamic_module_callback_http_filter_http_callout(
+        // SAFETY: `ptr` is the filter of the current hook.
+        unsafe {
+            callout(
+                envoy_dynamic_module_callback_http_filter_http_callout,
                 self.ptr,
-                &mut id,
-                module_buffer(cluster.as_bytes()),
-                list.as_mut_ptr(),
-                list.len(),
-                module_buffer(body),
+                cluster,
+                headers,
+                body,
                 timeout_ms,
             )
-        };
-        (result == envoy_dynamic_module_type_http_callout_init_result_Success).then_some(id)
+        }
     }
 
     fn resume_request(&mut self) {
@@ -530,6 +526,44 @@ impl Envoy for Filter {
             value,
         );
     }
+}
+
+/// A stream's or a configuration's `http_callout`.
+type CalloutFn<P> = unsafe extern "C" fn(
+    P,
+    *mut u64,
+    ModuleBuffer,
+    *mut ModuleHttpHeader,
+    usize,
+    ModuleBuffer,
+    u64,
+) -> HttpCalloutInitResult;
+
+/// Starts a call with `start` on behalf of `ptr`: its callout id, `None` when Envoy refused it.
+///
+/// # Safety
+/// `ptr` must be what `start` takes, valid in the current hook.
+unsafe fn callout<P>(
+    start: CalloutFn<P>,
+    ptr: P,
+    cluster: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+    timeout_ms: u64,
+) -> Option<u64> {
+    let mut list = module_headers(headers);
+    let mut id = 0u64;
+    // Envoy copies every buffer before it returns.
+    let result = start(
+        ptr,
+        &mut id,
+        module_buffer(cluster.as_bytes()),
+        list.as_mut_ptr(),
+        list.len(),
+        module_buffer(body),
+        timeout_ms,
+    );
+    (result == envoy_dynamic_module_type_http_callout_init_result_Success).then_some(id)
 }
 
 fn module_headers(headers: &[(&str, &str)]) -> Vec<ModuleHttpHeader> {

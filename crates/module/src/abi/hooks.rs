@@ -109,20 +109,16 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_scheduled(
                 .iter()
                 .map(|(k, v)| (k.as_str(), v.as_str()))
                 .collect();
-            let mut list = module_headers(&headers);
-            let mut id = 0u64;
-            // SAFETY: the configuration of this hook; Envoy copies every buffer.
-            let result = envoy_dynamic_module_callback_http_filter_config_http_callout(
+            // SAFETY: the configuration of this hook.
+            let id = callout(
+                envoy_dynamic_module_callback_http_filter_config_http_callout,
                 filter_config_envoy_ptr,
-                &mut id,
-                module_buffer(call.cluster.as_bytes()),
-                list.as_mut_ptr(),
-                list.len(),
-                module_buffer(&call.body),
+                &call.cluster,
+                &headers,
+                &call.body,
                 call.timeout_ms,
             );
-            let sent = result == envoy_dynamic_module_type_http_callout_init_result_Success;
-            shared.calls.sent(token, sent.then_some(id));
+            shared.calls.sent(token, id);
         }
     }));
 }

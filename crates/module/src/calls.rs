@@ -144,13 +144,7 @@ impl Calls {
             }
         };
         let (status, size, body) = answered;
-        let reply = Reply {
-            token,
-            status,
-            size,
-            body: &body,
-        };
-        orphan.on_reply(plugin, &mut Detached, &reply);
+        deliver(orphan, plugin, status, size, &body);
     }
 
     /// The answer to Envoy's callout `id`.
@@ -172,19 +166,24 @@ impl Calls {
                 Some(Waiting::Answered(..)) | None => return,
             }
         };
-        let reply = Reply {
-            token: orphan.token(),
-            status: answer.status,
-            size: answer.size,
-            body: answer.body,
-        };
-        orphan.on_reply(plugin, &mut Detached, &reply);
+        deliver(orphan, plugin, answer.status, answer.size, answer.body);
     }
 
     /// Calls waiting (handed over, sent, or answered before their orphan).
     pub fn waiting(&self) -> usize {
         self.state.lock().map(|s| s.waiting.len()).unwrap_or(0)
     }
+}
+
+/// Hands `orphan` the answer to its call: it stores what it reads.
+fn deliver(orphan: Orphan, plugin: &Plugin, status: Option<u16>, size: usize, body: &[u8]) {
+    let reply = Reply {
+        token: orphan.token(),
+        status,
+        size,
+        body,
+    };
+    orphan.on_reply(plugin, &mut Detached, &reply);
 }
 
 /// The core's view of Envoy outside any stream: the shared table and the clock; no calls,

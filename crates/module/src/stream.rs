@@ -50,6 +50,8 @@ struct View<'a> {
     metrics: &'a Metrics,
     /// Calls go out on behalf of the configuration (the stream is ending).
     later: Option<&'a Calls>,
+    /// A call went out on behalf of the configuration.
+    handed: bool,
 }
 
 /// The clock, in milliseconds since the epoch.
@@ -77,7 +79,9 @@ impl Host for View<'_> {
         timeout_ms: u64,
     ) -> Option<u32> {
         if let Some(calls) = self.later {
-            return calls.send(cluster, headers, call, timeout_ms);
+            let token = calls.send(cluster, headers, call, timeout_ms);
+            self.handed |= token.is_some();
+            return token;
         }
         let body = call.body.as_deref().unwrap_or_default();
         let id = self.envoy.callout(cluster, headers, body, timeout_ms)?;
@@ -221,6 +225,7 @@ impl Stream {
             envoy,
             metrics: &self.shared.metrics,
             later: None,
+            handed: false,
         };
         f(&mut self.exchange, &self.shared.plugin, &mut view)
     }
@@ -445,11 +450,10 @@ impl Stream {
             envoy,
             metrics: &shared.metrics,
             later: Some(&shared.calls),
+            handed: false,
         };
-        let before = self.exchange.pending_token();
         self.exchange.on_stream_end(&shared.plugin, &mut view);
-        let after = self.exchange.pending_token();
-        self.later = after.is_some() && after != before;
+        self.later = view.handed;
     }
 
     /// The stream is gone. A count made after it goes on without it (its answer is stored);

@@ -310,10 +310,7 @@ fn a_call_envoy_refuses_is_decided_on_the_estimate_at_once() {
 
 #[test]
 fn a_prompt_with_no_room_is_answered_locally_when_configured_to_reject() {
-    let config = format!(
-        "{},\"on_insufficient\":\"reject\"}}",
-        CONFIG.trim_end().trim_end_matches('}')
-    );
+    let config = config_with(r#""on_insufficient":"reject""#);
     let (shared, names) = shared(&config);
     let body = chat("too long a prompt", 100_000);
     let mut f = post(&body);
@@ -440,6 +437,11 @@ fn a_window_error_ending_in_trailers_is_translated_before_them() {
     assert_eq!(g.response_body, b"plain");
 }
 
+/// The test configuration with one more top-level member (`"key":value`).
+fn config_with(member: &str) -> String {
+    format!("{},{member}}}", CONFIG.trim_end().trim_end_matches('}'))
+}
+
 /// A POST of `body` with no content-length (chunked over HTTP/1, or HTTP/2).
 fn post_unframed(body: &[u8]) -> Fake {
     let mut f = post(body);
@@ -449,10 +451,7 @@ fn post_unframed(body: &[u8]) -> Fake {
 
 #[test]
 fn a_held_request_without_a_length_goes_on_whole_with_one() {
-    let config = format!(
-        "{},\"max_body_bytes\":64}}",
-        CONFIG.trim_end().trim_end_matches('}')
-    );
+    let config = config_with(r#""max_body_bytes":64"#);
     let (shared, names) = shared(&config);
     // Over max_body_bytes: not budgeted, but held to its end all the same.
     let body = chat("a body over the limit", 100_000);
@@ -556,10 +555,7 @@ fn through(shared: &Arc<Shared>, body: &[u8], count: usize) -> (Stream, Fake) {
 
 #[test]
 fn a_skipped_request_is_counted_after_its_stream_by_the_configuration() {
-    let config = format!(
-        "{},\"skip_count\":true}}",
-        CONFIG.trim_end().trim_end_matches('}')
-    );
+    let config = config_with(r#""skip_count":true"#);
     for answer_first in [false, true] {
         let (shared, names) = shared(&config);
         let woken = Arc::new(std::sync::atomic::AtomicUsize::new(0));

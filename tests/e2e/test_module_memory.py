@@ -97,12 +97,8 @@ class SilentTokenizer:
         self.sock.close()
 
 
-def rss_kb(pid: int) -> int:
-    with open(f"/proc/{pid}/status", encoding="ascii") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    raise AssertionError(f"no VmRSS for pid {pid}")
+def rss_kb(envoy: Envoy) -> int:
+    return envoy.memory()["rss"] // 1024
 
 
 def stat(envoy: Envoy, name: str) -> int:
@@ -117,9 +113,8 @@ def stat(envoy: Envoy, name: str) -> int:
 def allocator(envoy: Envoy) -> dict:
     """Envoy's /memory in MiB: `allocated` is what is in use, `pageheap_free` what the
     allocator holds free without giving it back."""
-    with urllib.request.urlopen(f"{envoy.admin}/memory", timeout=5) as r:
-        mem = json.load(r)
-    return {k: round(int(mem.get(k, 0)) / 2**20, 1)
+    mem = envoy.memory()
+    return {k: round(mem.get(k, 0) / 2**20, 1)
             for k in ("allocated", "heap_size", "pageheap_free", "pageheap_unmapped")}
 
 
@@ -134,7 +129,7 @@ def settle(envoy: Envoy, what: str) -> int:
     assert held["pageheap_free"] <= FREE_MIB, (
         f"{SETTLE_S:.0f} s after {what}, Envoy's allocator still holds freed memory: {held} MiB")
     time.sleep(1)
-    return rss_kb(envoy.proc.pid)
+    return rss_kb(envoy)
 
 
 def request_bytes(port: int, size: int, i: int) -> bytes:
@@ -192,7 +187,6 @@ def test_abandoned_large_requests_leave_no_memory_behind(envoy_bin, glue, tmp_pa
                   name="module", log_args=("-l", "info"), env=ENVIRONMENT)
     envoy.start()
     try:
-        pid = envoy.proc.pid
         # Warm-up: one wave of the same requests (connections, pools, the module's table, the
         # allocator's caches and metadata for such a burst), and the allocator settled.
         abandon_wave(envoy, tokenizer, 0, AT_ONCE, BODY_BYTES)
@@ -204,7 +198,7 @@ def test_abandoned_large_requests_leave_no_memory_behind(envoy_bin, glue, tmp_pa
             n = min(AT_ONCE, REQUESTS - sent)
             abandon_wave(envoy, tokenizer, AT_ONCE + sent, n, BODY_BYTES)
             sent += n
-            peak = max(peak, rss_kb(pid))
+            peak = max(peak, rss_kb(envoy))
         wait_idle(envoy)
         # The waves held at least 32 bodies of 4 MiB at once: memory must have grown.
         assert peak - start > 32 * BODY_BYTES // 1024, f"RSS {start} -> peak {peak} kB"

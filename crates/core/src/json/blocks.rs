@@ -56,6 +56,12 @@ impl Strings {
     /// up to, not including, its closing quote).
     #[inline(always)]
     pub fn step(&mut self, m: &Masks) -> (u64, u64) {
+        self.step_with(m, prefix_xor)
+    }
+
+    /// [`Strings::step`] with another computation of [`prefix_xor`] (a carry-less multiply).
+    #[inline(always)]
+    pub fn step_with(&mut self, m: &Masks, prefix_xor: impl Fn(u64) -> u64) -> (u64, u64) {
         let escaped = escaped(m.backslash, &mut self.escape_next);
         let inside = prefix_xor(m.quote & !escaped) ^ self.in_string;
         self.in_string = ((inside as i64) >> 63) as u64;
@@ -65,7 +71,7 @@ impl Strings {
 
 /// Bits after which every bit is flipped at each set bit.
 #[inline(always)]
-fn prefix_xor(mut x: u64) -> u64 {
+pub fn prefix_xor(mut x: u64) -> u64 {
     x ^= x << 1;
     x ^= x << 2;
     x ^= x << 4;
@@ -203,6 +209,58 @@ fn classify_block(block: &[u8]) -> Masks {
     }
 }
 
+/// [`prefix_xor`] as one carry-less multiply by all ones.
+///
+/// # Safety
+/// The CPU must have PCLMULQDQ.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "pclmulqdq")]
+#[inline]
+pub unsafe fn prefix_xor_clmul(x: u64) -> u64 {
+    use std::arch::x86_64::*;
+    // PCLMULQDQ is enabled here (the caller's contract); SSE2 is baseline.
+    let product = _mm_clmulepi64_si128(_mm_set_epi64x(0, x as i64), _mm_set1_epi8(-1), 0);
+    _mm_cvtsi128_si64(product) as u64
+}
+
+/// x86_64 with AVX2: two 32-byte loads per block. The caller must have checked that the CPU
+/// has AVX2 (`skim`'s dispatch); blocks shorter than 64 bytes take the byte loop.
+///
+/// # Safety
+/// The CPU must have AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[inline]
+pub unsafe fn classify_avx2(block: &[u8]) -> Masks {
+    use std::arch::x86_64::*;
+    #[inline(always)]
+    fn bits(v: &[__m256i; 2], f: impl Fn(__m256i) -> __m256i) -> u64 {
+        // SAFETY: the enclosing function runs only where AVX2 is available.
+        let mask = |x| u64::from(unsafe { _mm256_movemask_epi8(f(x)) } as u32);
+        mask(v[0]) | mask(v[1]) << 32
+    }
+    let Some(block) = block.get(..BLOCK) else {
+        return classify_scalar(block);
+    };
+    // SAFETY: AVX2 is available (the caller's contract); `block` is 64 readable bytes and
+    // `_mm256_loadu_si256` needs no alignment.
+    unsafe {
+        let p = block.as_ptr().cast::<__m256i>();
+        let v = [_mm256_loadu_si256(p), _mm256_loadu_si256(p.add(1))];
+        let eq = |x, b: u8| _mm256_cmpeq_epi8(x, _mm256_set1_epi8(b as i8));
+        let case = _mm256_set1_epi8(0x20);
+        Masks {
+            quote: bits(&v, |x| eq(x, b'"')),
+            backslash: bits(&v, |x| eq(x, b'\\')),
+            open: bits(&v, |x| eq(_mm256_or_si256(x, case), b'{')),
+            close: bits(&v, |x| eq(_mm256_or_si256(x, case), b'}')),
+            space: bits(&v, |x| {
+                _mm256_cmpeq_epi8(_mm256_min_epu8(x, _mm256_set1_epi8(0x20)), x)
+            }),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -232,6 +290,21 @@ mod tests {
         #[test]
         fn classifiers_agree(block in prop::collection::vec(any::<u8>(), 64)) {
             prop_assert_eq!(classify_block(&block), classify_scalar(&block));
+            #[cfg(target_arch = "x86_64")]
+            if std::is_x86_feature_detected!("avx2") {
+                // SAFETY: the CPU has AVX2.
+                prop_assert_eq!(unsafe { classify_avx2(&block) }, classify_scalar(&block));
+            }
+        }
+
+        /// The carry-less multiply computes the same prefix XOR as the shifts.
+        #[cfg(target_arch = "x86_64")]
+        #[test]
+        fn prefix_xors_agree(x in any::<u64>()) {
+            if std::is_x86_feature_detected!("pclmulqdq") {
+                // SAFETY: the CPU has PCLMULQDQ.
+                prop_assert_eq!(unsafe { prefix_xor_clmul(x) }, prefix_xor(x));
+            }
         }
 
         /// Escapes and strings across blocks agree with the byte walk.

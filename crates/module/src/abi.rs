@@ -262,6 +262,19 @@ unsafe fn envoy_bytes<'a>(b: EnvoyBuffer) -> &'a [u8] {
     }
 }
 
+/// The bytes of an Envoy buffer, to write in place, valid for the current hook.
+///
+/// # Safety
+/// `b` must come from Envoy within the current event hook, be memory Envoy lets the filter
+/// write, and not be borrowed elsewhere.
+unsafe fn envoy_bytes_mut<'a>(b: EnvoyBuffer) -> &'a mut [u8] {
+    if b.ptr.is_null() || b.length == 0 {
+        &mut []
+    } else {
+        std::slice::from_raw_parts_mut(b.ptr.cast_mut().cast(), b.length)
+    }
+}
+
 /// A list Envoy hands over (headers, body chunks): empty when null.
 ///
 /// # Safety
@@ -331,33 +344,43 @@ impl Filter {
         unsafe { envoy_dynamic_module_callback_http_get_body_size(self.ptr, kind) }
     }
 
-    fn append_chunks(&self, kind: HttpBodyType, out: &mut Vec<u8>) -> bool {
-        // SAFETY: `ptr` is the filter of the current hook; the vector has the length Envoy
-        // gave, and the chunks stay valid until the hook returns.
+    /// Appends the body's slices to `out`; `false` when Envoy refused.
+    fn chunks(&self, kind: HttpBodyType, out: &mut Vec<EnvoyBuffer>) -> bool {
+        // SAFETY: `ptr` is the filter of the current hook; the vector gets the room Envoy
+        // asked for, and Envoy writes exactly that many items.
         unsafe {
             let n = envoy_dynamic_module_callback_http_get_body_chunks_size(self.ptr, kind);
             if n == 0 {
                 return true;
             }
-            let mut chunks = vec![
+            let at = out.len();
+            out.resize(
+                at + n,
                 EnvoyBuffer {
                     ptr: null(),
-                    length: 0
-                };
-                n
-            ];
-            if !envoy_dynamic_module_callback_http_get_body_chunks(
+                    length: 0,
+                },
+            );
+            envoy_dynamic_module_callback_http_get_body_chunks(
                 self.ptr,
                 kind,
-                chunks.as_mut_ptr(),
-            ) {
-                return false;
-            }
-            for c in chunks {
-                out.extend_from_slice(envoy_bytes(c));
-            }
+                out.as_mut_ptr().add(at),
+            )
         }
-        true
+    }
+
+    /// The slices of the body the filter holds: what Envoy buffered and, inside a body hook,
+    /// the chunk that arrived.
+    fn body_slices(&self, body: Body) -> Option<Vec<EnvoyBuffer>> {
+        let (buffered, received) = Filter::types(body);
+        let mut list = Vec::new();
+        if !self.chunks(buffered, &mut list) {
+            return None;
+        }
+        if self.received_apart(body) && !self.chunks(received, &mut list) {
+            return None;
+        }
+        Some(list)
     }
 
     fn metric(&self, update: MetricFn, id: usize, value: u64) {
@@ -441,15 +464,42 @@ impl Envoy for Filter {
     }
 
     fn read_body(&mut self, body: Body) -> Option<Vec<u8>> {
-        let (buffered, received) = Filter::types(body);
-        let mut out = Vec::with_capacity(self.body_size(body));
-        if !self.append_chunks(buffered, &mut out) {
-            return None;
-        }
-        if self.received_apart(body) && !self.append_chunks(received, &mut out) {
-            return None;
+        let slices = self.body_slices(body)?;
+        let mut out = Vec::with_capacity(slices.iter().map(|c| c.length).sum());
+        for c in slices {
+            // SAFETY: Envoy gave the slices in this hook; they stay valid until it returns.
+            out.extend_from_slice(unsafe { envoy_bytes(c) });
         }
         Some(out)
+    }
+
+    fn body_chunks(&mut self, body: Body, f: &mut dyn FnMut(&mut [&mut [u8]])) -> bool {
+        let Some(slices) = self.body_slices(body) else {
+            return false;
+        };
+        let mut chunks: Vec<&mut [u8]> = slices
+            .into_iter()
+            // SAFETY: Envoy gave the slices in this hook, each its own memory, valid until
+            // the hook returns; the ABI hands a held body's slices to the filter to edit in
+            // place (no filter after this one has seen the body).
+            .map(|c| unsafe { envoy_bytes_mut(c) })
+            .collect();
+        f(&mut chunks);
+        true
+    }
+
+    fn drain_body(&mut self, body: Body, n: usize) -> bool {
+        let (buffered, received) = Filter::types(body);
+        let from_buffered = n.min(self.size(buffered));
+        let rest = n - from_buffered;
+        // SAFETY: `ptr` is the filter of the current hook.
+        unsafe {
+            (from_buffered == 0
+                || envoy_dynamic_module_callback_http_drain_body(self.ptr, buffered, from_buffered))
+                && (rest == 0
+                    || (self.received_apart(body)
+                        && envoy_dynamic_module_callback_http_drain_body(self.ptr, received, rest)))
+        }
     }
 
     fn replace_body(&mut self, body: Body, data: &[u8]) -> bool {

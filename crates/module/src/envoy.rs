@@ -31,6 +31,11 @@ pub trait Envoy {
     fn read_body(&mut self, body: Body) -> Option<Vec<u8>>;
     /// Replaces that body whole.
     fn replace_body(&mut self, body: Body, data: &[u8]) -> bool;
+    /// Hands `f` that body as Envoy's slices, in order, to read and write in place; `false`
+    /// when Envoy refused.
+    fn body_chunks(&mut self, body: Body, f: &mut dyn FnMut(&mut [&mut [u8]])) -> bool;
+    /// Drains the first `n` bytes of that body.
+    fn drain_body(&mut self, body: Body, n: usize) -> bool;
     /// Answers the request locally.
     fn send_response(&mut self, status: u32, headers: &[(&str, &str)], body: &[u8]);
     /// Sends an HTTP call to `cluster`; the id its answer will carry.

@@ -8,10 +8,11 @@
 use crate::calls::Calls;
 use crate::envoy::{Body, Envoy, Headers};
 use crate::metrics::Metrics;
+use crate::splice::{self, Written};
 use crate::table::TABLE;
 use incontext_core::flow::{
     Action, Call, Exchange, Histogram, Host, Metric, Plugin, Reply, RequestBodyStep, RequestHead,
-    RequestHeadStep, Step, MAX_REPLY_BYTES,
+    RequestHeadStep, Rewrite, Step, MAX_REPLY_BYTES,
 };
 use incontext_core::response;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -131,6 +132,24 @@ fn frame(envoy: &mut dyn Envoy) {
     }
 }
 
+/// Writes a rewrite over the held request's body (in place when it fits, else whole) and
+/// gives it its new Content-Length; `false` when Envoy refused (the body is then as it came,
+/// unless the Content-Length was refused after it).
+fn rewrite_body(envoy: &mut dyn Envoy, rewrite: Rewrite) -> bool {
+    let len = match splice::in_place(envoy, Body::Request, rewrite.edit()) {
+        Written::InPlace { len } => len,
+        Written::Failed => return false,
+        Written::NotInPlace => {
+            let body = rewrite.into_body();
+            if !envoy.replace_body(Body::Request, &body) {
+                return false;
+            }
+            body.len()
+        }
+    };
+    envoy.set_header(Headers::Request, "content-length", Some(&len.to_string()))
+}
+
 /// Hands the exchange the answer's bytes Envoy holds (what it buffered and, in a body
 /// callback, the chunk that arrived) and puts back what it returns; a host failure leaves the
 /// rest of the answer unwatched.
@@ -243,14 +262,7 @@ impl Stream {
                     return Held::Go;
                 }
                 Step::Done(Action::Rewrite(rewrite)) => {
-                    let body = rewrite.into_body();
-                    let mut ok = view.envoy.replace_body(Body::Request, &body);
-                    if ok {
-                        let n = body.len().to_string();
-                        ok = view
-                            .envoy
-                            .set_header(Headers::Request, "content-length", Some(&n));
-                    }
+                    let ok = rewrite_body(view.envoy, rewrite);
                     if !ok {
                         log::warn!("incontext: cannot replace the body");
                     }

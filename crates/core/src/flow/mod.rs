@@ -141,6 +141,11 @@ impl Rewrite {
         (self.edit.end, self.edit.write_head(&mut self.body))
     }
 
+    /// The edit over the body as it came, for a host that writes it in place.
+    pub fn edit(&self) -> &Edit {
+        &self.edit
+    }
+
     /// The whole rewritten body, for a host that replaces a body whole: written over the
     /// filter's own copy when the new head fits there (the tail moves down once), else built.
     pub fn into_body(mut self) -> Vec<u8> {

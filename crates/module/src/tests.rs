@@ -213,6 +213,24 @@ fn header<'a>(map: &'a [(String, String)], name: &str) -> Option<&'a str> {
     map.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
 }
 
+/// A request counted by one call and rewritten: its new Content-Length, and its counters.
+fn assert_counted_rewrite(names: &[String], f: &Fake) {
+    assert_eq!(
+        header(&f.request_headers, "content-length"),
+        Some(f.request_body.len().to_string().as_str())
+    );
+    assert_eq!(
+        counted(names, f),
+        counts(&[
+            ("incontext_requests", 1),
+            ("incontext_rewritten", 1),
+            ("incontext_tokenizer_calls", 1),
+            ("incontext_cache_misses", 1),
+            ("incontext_count_calls", 1),
+        ])
+    );
+}
+
 #[test]
 fn a_budgeted_request_is_held_until_its_count_then_rewritten_with_its_length() {
     let (shared, names) = shared(CONFIG);
@@ -235,20 +253,7 @@ fn a_budgeted_request_is_held_until_its_count_then_rewritten_with_its_length() {
     assert_eq!(f.resumed, 1);
     let sent: serde_json::Value = serde_json::from_slice(&f.request_body).unwrap();
     assert_eq!(sent["max_tokens"], 32768 - 1000);
-    assert_eq!(
-        header(&f.request_headers, "content-length"),
-        Some(f.request_body.len().to_string().as_str())
-    );
-    assert_eq!(
-        counted(&names, &f),
-        counts(&[
-            ("incontext_requests", 1),
-            ("incontext_rewritten", 1),
-            ("incontext_tokenizer_calls", 1),
-            ("incontext_cache_misses", 1),
-            ("incontext_count_calls", 1),
-        ])
-    );
+    assert_counted_rewrite(&names, &f);
 
     // The report goes out with the answer.
     f.response_headers = vec![(":status".into(), "200".into())];
@@ -721,20 +726,7 @@ fn in_place_over_slices(whole: &str, around: bool) {
             whole.replace(first, &tag),
             "slices of {slice}"
         );
-        assert_eq!(
-            header(&f.request_headers, "content-length"),
-            Some(f.request_body.len().to_string().as_str())
-        );
-        assert_eq!(
-            counted(&names, &f),
-            counts(&[
-                ("incontext_requests", 1),
-                ("incontext_rewritten", 1),
-                ("incontext_tokenizer_calls", 1),
-                ("incontext_cache_misses", 1),
-                ("incontext_count_calls", 1),
-            ])
-        );
+        assert_counted_rewrite(&names, &f);
     }
 }
 

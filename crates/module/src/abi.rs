@@ -561,11 +561,11 @@ impl Envoy for Filter {
         unsafe { envoy_dynamic_module_callback_http_filter_continue_decoding(self.ptr) }
     }
 
-    fn increment(&mut self, counter: usize) {
+    fn increment(&mut self, counter: usize, by: u64) {
         self.metric(
             envoy_dynamic_module_callback_http_filter_increment_counter,
             counter,
-            1,
+            by,
         );
     }
 

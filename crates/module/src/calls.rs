@@ -5,11 +5,13 @@
 //! the answer ([`Calls::answered`]) goes to the request's orphan ([`Calls::adopt`]), which stores
 //! it, whichever of the two comes first.
 //!
-//! Envoy moves a counter only through a stream: what such an answer counts is not counted.
+//! Envoy moves a metric only through a stream: what such an answer counts waits in the
+//! configuration's [`Deferred`] until its next stream applies it.
 
-use crate::stream::{now_ms, CallAnswer};
+use crate::metrics::{Deferred, Metrics};
+use crate::stream::{now_ms, CallAnswer, Shared};
 use crate::table::TABLE;
-use incontext_core::flow::{Call, Histogram, Host, Metric, Orphan, Plugin, Reply};
+use incontext_core::flow::{Call, Histogram, Host, Metric, Orphan, Reply};
 use std::collections::HashMap;
 use std::sync::Mutex;
 
@@ -127,7 +129,7 @@ impl Calls {
 
     /// The orphan of the stream that made call `orphan.token()`: it stores the answer, now if
     /// it came already.
-    pub fn adopt(&self, orphan: Orphan, plugin: &Plugin) {
+    pub fn adopt(&self, orphan: Orphan, shared: &Shared) {
         let token = orphan.token();
         let answered = {
             let Ok(mut state) = self.state.lock() else {
@@ -144,11 +146,11 @@ impl Calls {
             }
         };
         let (status, size, body) = answered;
-        deliver(orphan, plugin, status, size, &body);
+        deliver(orphan, shared, status, size, &body);
     }
 
     /// The answer to Envoy's callout `id`.
-    pub fn answered(&self, id: u64, answer: &CallAnswer, plugin: &Plugin) {
+    pub fn answered(&self, id: u64, answer: &CallAnswer, shared: &Shared) {
         let orphan = {
             let Ok(mut state) = self.state.lock() else {
                 return;
@@ -166,7 +168,7 @@ impl Calls {
                 Some(Waiting::Answered(..)) | None => return,
             }
         };
-        deliver(orphan, plugin, answer.status, answer.size, answer.body);
+        deliver(orphan, shared, answer.status, answer.size, answer.body);
     }
 
     /// Calls waiting (handed over, sent, or answered before their orphan).
@@ -176,21 +178,28 @@ impl Calls {
 }
 
 /// Hands `orphan` the answer to its call: it stores what it reads.
-fn deliver(orphan: Orphan, plugin: &Plugin, status: Option<u16>, size: usize, body: &[u8]) {
+fn deliver(orphan: Orphan, shared: &Shared, status: Option<u16>, size: usize, body: &[u8]) {
     let reply = Reply {
         token: orphan.token(),
         status,
         size,
         body,
     };
-    orphan.on_reply(plugin, &mut Detached, &reply);
+    let mut host = Detached {
+        metrics: &shared.metrics,
+        deferred: &shared.deferred,
+    };
+    orphan.on_reply(&shared.plugin, &mut host, &reply);
 }
 
-/// The core's view of Envoy outside any stream: the shared table and the clock; no calls,
-/// and no counters (Envoy moves them only through a stream).
-struct Detached;
+/// The core's view of Envoy outside any stream: the shared table and the clock; no calls, and
+/// metrics deferred to the configuration's next stream.
+struct Detached<'a> {
+    metrics: &'a Metrics,
+    deferred: &'a Deferred,
+}
 
-impl Host for Detached {
+impl Host for Detached<'_> {
     fn get_shared(&mut self, key: &str) -> Option<Vec<u8>> {
         TABLE.get(key)
     }
@@ -203,13 +212,25 @@ impl Host for Detached {
         None
     }
 
-    fn increment(&mut self, _: Metric) {}
+    fn increment(&mut self, metric: Metric) {
+        if let Some(id) = self.metrics.counter(metric) {
+            self.deferred.increment(id);
+        }
+    }
 
     fn now_ms(&mut self) -> Option<u64> {
         now_ms()
     }
 
-    fn record(&mut self, _: Histogram, _: u64) {}
+    fn record(&mut self, histogram: Histogram, value: u64) {
+        if let Some(id) = self.metrics.histogram(histogram) {
+            self.deferred.record(id, value);
+        }
+    }
 
-    fn increment_route(&mut self, _: usize, _: Metric) {}
+    fn increment_route(&mut self, route: usize, metric: Metric) {
+        if let Some(id) = self.metrics.route_counter(route, metric) {
+            self.deferred.increment(id);
+        }
+    }
 }

@@ -34,5 +34,6 @@ pub fn load(
         plugin,
         metrics,
         calls: Default::default(),
+        deferred: Default::default(),
     })
 }

@@ -48,6 +48,7 @@ pub trait Envoy {
     ) -> Option<u64>;
     /// Resumes a held request.
     fn resume_request(&mut self);
-    fn increment(&mut self, counter: usize);
+    /// Adds `by` to a counter.
+    fn increment(&mut self, counter: usize, by: u64);
     fn record(&mut self, histogram: usize, value: u64);
 }

@@ -5,6 +5,8 @@
 //! module's own: a panic caught at the ABI boundary.
 
 use incontext_core::flow::{Histogram, Metric};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
 
 /// What defines a metric when a configuration loads; `None` when Envoy refused it.
 pub trait Define {
@@ -61,6 +63,59 @@ impl Metrics {
     }
 }
 
+/// At most this many histogram values wait in [`Deferred`]; later ones are dropped.
+pub const MAX_DEFERRED_VALUES: usize = 256;
+
+/// Metric updates made outside any stream (what the answer to a call made after its stream
+/// counts). Envoy moves a metric only through a stream, so they wait here and the next stream
+/// of the configuration applies them ([`Deferred::take`]). Bounded whatever traffic does: one
+/// sum per counter id (the ids a configuration defined), at most [`MAX_DEFERRED_VALUES`]
+/// histogram values.
+#[derive(Default)]
+pub struct Deferred {
+    /// Something waits (read by every stream, without the lock).
+    waiting: AtomicBool,
+    state: Mutex<Updates>,
+}
+
+/// Counter ids with the sum to add, histogram ids with a value to record.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Updates {
+    pub counters: Vec<(usize, u64)>,
+    pub values: Vec<(usize, u64)>,
+}
+
+impl Deferred {
+    pub fn increment(&self, counter: usize) {
+        if let Ok(mut state) = self.state.lock() {
+            match state.counters.iter_mut().find(|(id, _)| *id == counter) {
+                Some((_, n)) => *n = n.saturating_add(1),
+                None => state.counters.push((counter, 1)),
+            }
+            self.waiting.store(true, Ordering::Release);
+        }
+    }
+
+    pub fn record(&self, histogram: usize, value: u64) {
+        if let Ok(mut state) = self.state.lock() {
+            if state.values.len() < MAX_DEFERRED_VALUES {
+                state.values.push((histogram, value));
+                self.waiting.store(true, Ordering::Release);
+            }
+        }
+    }
+
+    /// What waits, now taken; `None` when nothing does.
+    pub fn take(&self) -> Option<Updates> {
+        if !self.waiting.load(Ordering::Acquire) {
+            return None;
+        }
+        let mut state = self.state.lock().ok()?;
+        self.waiting.store(false, Ordering::Release);
+        Some(std::mem::take(&mut *state))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -109,6 +164,31 @@ mod tests {
         assert_eq!(names.counters[m.panics.unwrap()], "incontext_panics");
         assert_eq!(names.histograms, vec!["incontext_count_ms"]);
         assert_eq!(m.histogram(Histogram::CountMs), Some(0));
+    }
+
+    #[test]
+    fn deferred_updates_wait_summed_per_counter_and_bounded() {
+        let d = Deferred::default();
+        assert_eq!(d.take(), None);
+        for id in [3, 5, 3, 3] {
+            d.increment(id);
+        }
+        for v in 0..(MAX_DEFERRED_VALUES as u64 + 10) {
+            d.record(1, v);
+        }
+        let taken = d.take().unwrap();
+        assert_eq!(taken.counters, vec![(3, 3), (5, 1)]);
+        assert_eq!(taken.values.len(), MAX_DEFERRED_VALUES);
+        assert_eq!(taken.values[0], (1, 0));
+        assert_eq!(d.take(), None);
+        d.record(0, 7);
+        assert_eq!(
+            d.take(),
+            Some(Updates {
+                counters: vec![],
+                values: vec![(0, 7)]
+            })
+        );
     }
 
     #[test]

@@ -7,7 +7,7 @@
 
 use crate::calls::Calls;
 use crate::envoy::{Body, Envoy, Headers};
-use crate::metrics::Metrics;
+use crate::metrics::{Deferred, Metrics};
 use crate::splice::{self, Written};
 use crate::table::TABLE;
 use incontext_core::flow::{
@@ -24,6 +24,8 @@ pub struct Shared {
     pub metrics: Metrics,
     /// The calls made after their stream.
     pub calls: Calls,
+    /// What their answers counted, until a stream applies it.
+    pub deferred: Deferred,
 }
 
 /// What to do with a header block.
@@ -92,7 +94,7 @@ impl Host for View<'_> {
 
     fn increment(&mut self, metric: Metric) {
         if let Some(id) = self.metrics.counter(metric) {
-            self.envoy.increment(id);
+            self.envoy.increment(id, 1);
         }
     }
 
@@ -108,7 +110,7 @@ impl Host for View<'_> {
 
     fn increment_route(&mut self, route: usize, metric: Metric) {
         if let Some(id) = self.metrics.route_counter(route, metric) {
-            self.envoy.increment(id);
+            self.envoy.increment(id, 1);
         }
     }
 }
@@ -224,7 +226,7 @@ impl Stream {
             Err(_) => {
                 self.broken = true;
                 if let Some(id) = self.shared.metrics.panics {
-                    envoy.increment(id);
+                    envoy.increment(id, 1);
                 }
                 if resume {
                     envoy.resume_request();
@@ -287,6 +289,14 @@ impl Stream {
     }
 
     pub fn request_headers(&mut self, envoy: &mut dyn Envoy, end_of_stream: bool) -> HeadStatus {
+        if let Some(updates) = self.shared.deferred.take() {
+            for (id, by) in updates.counters {
+                envoy.increment(id, by);
+            }
+            for (id, value) in updates.values {
+                envoy.record(id, value);
+            }
+        }
         let mut read = |name| envoy.header(Headers::Request, name);
         let (method, path, encoding, length) = (
             read(":method"),
@@ -479,7 +489,7 @@ impl Stream {
             return;
         };
         if self.later {
-            self.shared.calls.adopt(orphan, &self.shared.plugin);
+            self.shared.calls.adopt(orphan, &self.shared);
         } else {
             log::debug!("incontext: a tokenizer call was cancelled with its stream");
         }

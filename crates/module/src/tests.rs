@@ -51,6 +51,8 @@ struct Fake {
     slice: usize,
     refuse_slices: bool,
     refuse_drain: bool,
+    /// Histogram ids and the values recorded.
+    recorded: Vec<(usize, u64)>,
 }
 
 impl Fake {
@@ -139,10 +141,12 @@ impl Envoy for Fake {
     fn resume_request(&mut self) {
         self.resumed += 1;
     }
-    fn increment(&mut self, counter: usize) {
-        *self.counters.entry(counter).or_default() += 1;
+    fn increment(&mut self, counter: usize, by: u64) {
+        *self.counters.entry(counter).or_default() += by;
     }
-    fn record(&mut self, _histogram: usize, _value: u64) {}
+    fn record(&mut self, histogram: usize, value: u64) {
+        self.recorded.push((histogram, value));
+    }
 }
 
 /// The counters that moved, by name.
@@ -622,18 +626,27 @@ fn a_skipped_request_is_counted_after_its_stream_by_the_configuration() {
         // A count far above the bound, before or after the stream is gone.
         let reply = tokenizer_answer(30_000);
         if answer_first {
-            shared.calls.answered(42, &answer(&reply), &shared.plugin);
+            shared.calls.answered(42, &answer(&reply), &shared);
             s.destroyed();
         } else {
             s.destroyed();
-            shared.calls.answered(42, &answer(&reply), &shared.plugin);
+            shared.calls.answered(42, &answer(&reply), &shared);
         }
         assert_eq!(shared.calls.waiting(), 0);
 
-        // Skipping is off: the third turn is counted before it goes on.
+        // Skipping is off: the third turn is counted before it goes on. Its stream is the
+        // configuration's next: what the answer counted moves with it, once.
         let mut g = post(&t[2]);
         let mut u = Stream::new(shared.clone());
         assert_eq!(u.request_headers(&mut g, false), HeadStatus::Stop);
+        assert_eq!(
+            counted(&names, &g),
+            counts(&[("incontext_bound_violations", 1), ("incontext_requests", 1)])
+        );
+        let mut h = post(&t[2]);
+        let mut v = Stream::new(shared.clone());
+        v.request_headers(&mut h, false);
+        assert_eq!(counted(&names, &h), counts(&[("incontext_requests", 1)]));
         assert_eq!(send_body(&mut u, &mut g, &t[2]), DataStatus::Buffer);
         assert_eq!(g.callouts.len(), 1, "answer first: {answer_first}");
     }

@@ -146,7 +146,7 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_http_callout
         body: &body,
     };
     let _ = catch_unwind(AssertUnwindSafe(|| {
-        shared.calls.answered(callout_id, &answer, &shared.plugin)
+        shared.calls.answered(callout_id, &answer, shared)
     }));
 }
 

@@ -27,10 +27,14 @@ from tests.harness import promql
 from tests.harness.promql import analyser  # noqa: F401 (a fixture)
 from tests.harness.upstream import Answer, ok
 
-# The shipped dashboard and rules read the wasm build's names (Envoy 1.40 exports them as
-# `incontext_*`; the module's are `envoy_dynamicmodulescustom_incontext_*`), and one counter
-# they read moves after its stream: wasm only (tests/e2e/README.md).
-pytestmark = pytest.mark.glues("wasm")
+
+
+def exported(proxy) -> str:
+    """Envoy's /stats/prometheus as the shipped Prometheus stores it: the wasm build's metrics
+    come as `incontext_*`, the module's as `envoy_dynamicmodulescustom_incontext_*`, which
+    its scrape configuration renames to the same names."""
+    return promql.scraped(proxy.envoy.prometheus())
+
 
 STRICT = "strict/model"
 # skip_count for the bound's counters, a route for the per-route counters (it rejects what
@@ -39,12 +43,14 @@ CONFIG = cfg(skip_count=True,
              routes=[{"model": STRICT, "name": "strict", "on_insufficient": "reject"}])
 
 
-def wait_for(proxy, name: str, at_least: int, timeout=20.0):
+def wait_for(proxy, name: str, at_least: int, timeout=20.0, nudge=None):
     """Waits until /stats/prometheus shows ``name`` at ``at_least`` (Envoy publishes
-    histograms at its stats flush, every 5 s)."""
+    histograms at its stats flush, every 5 s); ``nudge`` runs before each look."""
     deadline = time.monotonic() + timeout
     while True:
-        value = promql.parse_exposition(proxy.envoy.prometheus()).total([name])
+        if nudge:
+            nudge()
+        value = promql.parse_exposition(exported(proxy)).total([name])
         if value >= at_least:
             return
         assert time.monotonic() < deadline, f"{name} stayed at {value}"
@@ -102,7 +108,9 @@ def drive(proxy, upstream):
     _, skipped = second_turn(proxy, upstream, 100, lambda rec: ok(30000))
     assert_unchanged(skipped, "fits")
     wait_for_calls(upstream, calls + 2)
-    wait_for(proxy, "incontext_bound_violations", 1)
+    # Moved by the check's answer, after its stream: the module moves it with the next one.
+    wait_for(proxy, "incontext_bound_violations", 1,
+             nudge=lambda: assert_unchanged(proxy.post(b"not json"), "not_json"))
     wait_for(proxy, "incontext_count_ms_count", 1)
 
 
@@ -115,11 +123,17 @@ def queries():
     return out
 
 
-def test_every_metric_the_monitoring_reads_is_exported_and_moves(proxy_for, upstream, analyser):
+# The gauges of mechanisms the module does not have (docs/module.md): its dashboard panels
+# stay empty.
+NOT_IN_MODULE = ["incontext_orphans", "incontext_wasm_memory_bytes"]
+
+
+def test_every_metric_the_monitoring_reads_is_exported_and_moves(proxy_for, upstream, analyser,
+                                                                 glue):
     proxy = proxy_for(CONFIG, fresh=True)
-    before = promql.parse_exposition(proxy.envoy.prometheus())
+    before = promql.parse_exposition(exported(proxy))
     drive(proxy, upstream)
-    text = proxy.envoy.prometheus()
+    text = exported(proxy)
     after = promql.parse_exposition(text)
     qs = queries()
     assert len(qs) >= 20, [q.where for q in qs]
@@ -134,6 +148,11 @@ def test_every_metric_the_monitoring_reads_is_exported_and_moves(proxy_for, upst
                         or after.types.get(re.sub(r"_(bucket|count|sum)$", "", n)) == "histogram"]
             if counters and after.total(counters) <= before.total(counters):
                 still.append(f"{q.where}: {promql.describe(sel)} did not move")
+    if glue == "module":
+        absent = [p for p in problems
+                  if any(p.endswith(f"nothing exported matches {name}{{}}") for name in NOT_IN_MODULE)]
+        assert len(absent) == len(NOT_IN_MODULE), problems
+        problems = [p for p in problems if p not in absent]
     assert problems == [], "\n".join(problems)
     assert still == [], "\n".join(still)
     # The histogram is read through its buckets, each with its bound.
@@ -146,7 +165,7 @@ def test_the_route_panel_reads_named_and_numbered_routes(proxy_for, upstream, an
     """Routes' counters are `incontext_route_<route>_*`: the per-route queries give each route
     its label, for a route's name as Envoy exports it and for a number in its place."""
     proxy = proxy_for(CONFIG)
-    text = proxy.envoy.prometheus()
+    text = exported(proxy)
     numbered = re.sub(r"^incontext_route_strict_", "incontext_route_0_", text, flags=re.M)
     assert numbered != text
     route_queries = [q for q in promql.dashboard_queries() if "incontext_route_" in q.expr]
@@ -165,7 +184,7 @@ def test_the_route_panel_reads_named_and_numbered_routes(proxy_for, upstream, an
 
 def test_rule_files_not_loaded_wait_for_their_metrics(proxy_for, analyser):
     proxy = proxy_for(CONFIG)
-    exposition = promql.parse_exposition(proxy.envoy.prometheus())
+    exposition = promql.parse_exposition(exported(proxy))
     loaded = promql.loaded_rule_files()
     for path in sorted(promql.PROMETHEUS_DIR.glob("*.yml")):
         if path.name == promql.PROMETHEUS_CONFIG.name or path.resolve() in loaded:

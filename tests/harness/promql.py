@@ -133,6 +133,41 @@ def loaded_rule_files(config: Path = PROMETHEUS_CONFIG) -> List[Path]:
     return [(config.parent / f).resolve() for f in doc.get("rule_files") or []]
 
 
+def name_relabellings(config: Path = PROMETHEUS_CONFIG) -> List[Tuple[re.Pattern, str]]:
+    """The shipped scrape configuration's metric renames: each `metric_relabel_configs` rule
+    that rewrites `__name__` from `__name__`, as (fully anchored regex, replacement in
+    Python's syntax). Any other kind of rule is refused: this reads only renames."""
+    doc = yaml.safe_load(config.read_text(encoding="utf-8"))
+    out = []
+    for job in doc.get("scrape_configs") or []:
+        for rule in job.get("metric_relabel_configs") or []:
+            if (rule.get("source_labels") != ["__name__"] or rule.get("target_label") != "__name__"
+                    or rule.get("action", "replace") != "replace"):
+                raise ValueError(f"not a metric rename: {rule}")
+            replacement = re.sub(r"\$\{?(\d+)\}?", r"\\g<\1>", rule.get("replacement", "$1"))
+            out.append((re.compile(f"^(?:{rule['regex']})$"), replacement))
+    return out
+
+
+def scraped(text: str, config: Path = PROMETHEUS_CONFIG) -> str:
+    """A /stats/prometheus answer with the metric names the shipped Prometheus stores (its
+    renames applied to every sample and to the # TYPE and # HELP lines)."""
+    rules = name_relabellings(config)
+
+    def rename(name: str) -> str:
+        for regex, replacement in rules:
+            m = regex.match(name)
+            if m:
+                name = m.expand(replacement)
+        return name
+
+    out = []
+    for line in text.splitlines():
+        m = re.match(r"^(# (?:TYPE|HELP) )?([a-zA-Z_:][a-zA-Z0-9_:]*)(.*)$", line, re.S)
+        out.append(f"{m.group(1) or ''}{rename(m.group(2))}{m.group(3)}" if m else line)
+    return "\n".join(out) + "\n"
+
+
 # --- Prometheus' text format ------------------------------------------------------------------
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)")
 _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)",?')

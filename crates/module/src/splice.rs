@@ -164,7 +164,11 @@ pub fn in_place(envoy: &mut dyn Envoy, body: Body, edit: &Edit) -> Written {
             return;
         }
         saved = Some(run.read(keep, end));
-        run.move_right(0, by, keep);
+        // A value replaced by one as long (a 5-digit cap by a 5-digit one: most rewrites)
+        // moves nothing.
+        if by > 0 {
+            run.move_right(0, by, keep);
+        }
         run.write(keep + by, tail);
     });
     let Some(saved) = saved else {

@@ -744,6 +744,26 @@ fn in_place_over_slices(whole: &str, around: bool) {
 }
 
 #[test]
+fn a_cap_replaced_by_one_as_long_is_written_over_its_digits_alone() {
+    for slice in [0, 1, 3, 7, 64, 4096] {
+        let tag = format!("same{slice:04}");
+        let messages = format!(
+            r#"[{{"role": "user", "content": "{tag}{}"}}]"#,
+            " x".repeat(90)
+        );
+        let body = format!(r#"{{"model": "m", "messages": {messages}, "max_tokens": 90000}}"#);
+        let (f, names) = rewritten(body.as_bytes(), slice, |f| f.refuse_drain = true);
+        // The same length: nothing drained (the fake refuses any drain), only the digits.
+        assert_eq!(
+            String::from_utf8(f.request_body.clone()).unwrap(),
+            body.replace(": 90000", ": 31768"),
+            "slices of {slice}"
+        );
+        assert_counted_rewrite(&names, &f);
+    }
+}
+
+#[test]
 fn a_rewrite_that_does_not_fit_in_place_replaces_the_body_whole() {
     // No cap: `max_tokens` is written where there was none.
     let body = serde_json::to_vec(&serde_json::json!({

@@ -16,6 +16,7 @@ Prometheus' own parser, and checked against what an Envoy exports on /stats/prom
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import shutil
@@ -133,6 +134,7 @@ def loaded_rule_files(config: Path = PROMETHEUS_CONFIG) -> List[Path]:
     return [(config.parent / f).resolve() for f in doc.get("rule_files") or []]
 
 
+@functools.lru_cache(maxsize=None)
 def name_relabellings(config: Path = PROMETHEUS_CONFIG) -> List[Tuple[re.Pattern, str]]:
     """The shipped scrape configuration's metric renames: each `metric_relabel_configs` rule
     that rewrites `__name__` from `__name__`, as (fully anchored regex, replacement in

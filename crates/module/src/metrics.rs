@@ -4,6 +4,7 @@
 //! ([`Metric::all`]) is defined; nothing here lists them again. `incontext_panics` is the
 //! module's own: a panic caught at the ABI boundary.
 
+use crate::envoy::Envoy;
 use incontext_core::flow::{Histogram, Metric};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
@@ -113,6 +114,19 @@ impl Deferred {
         let mut state = self.state.lock().ok()?;
         self.waiting.store(false, Ordering::Release);
         Some(std::mem::take(&mut *state))
+    }
+
+    /// Applies what waits through a stream's `envoy`.
+    pub fn apply(&self, envoy: &mut dyn Envoy) {
+        let Some(updates) = self.take() else {
+            return;
+        };
+        for (id, by) in updates.counters {
+            envoy.increment(id, by);
+        }
+        for (id, value) in updates.values {
+            envoy.record(id, value);
+        }
     }
 }
 

@@ -289,14 +289,7 @@ impl Stream {
     }
 
     pub fn request_headers(&mut self, envoy: &mut dyn Envoy, end_of_stream: bool) -> HeadStatus {
-        if let Some(updates) = self.shared.deferred.take() {
-            for (id, by) in updates.counters {
-                envoy.increment(id, by);
-            }
-            for (id, value) in updates.values {
-                envoy.record(id, value);
-            }
-        }
+        self.shared.deferred.apply(envoy);
         let mut read = |name| envoy.header(Headers::Request, name);
         let (method, path, encoding, length) = (
             read(":method"),

@@ -56,6 +56,7 @@
 //! went upstream and turns skipping off for the route on any count above its bound.
 
 use crate::dialect::Form;
+use crate::digest::update_framed;
 use crate::json::find::Needle;
 use crate::json::scan::skip_ws;
 use crate::json::skim::container_end;
@@ -109,10 +110,7 @@ pub struct Chain {
 /// The seed: everything but the messages that determines the prompt, plus route and C.
 fn seed(req: &Request, body: &[u8], scope: &str, context_length: Option<u64>) -> u128 {
     let mut h = Xxh3::new();
-    let mut field = |bytes: &[u8]| {
-        h.update(&(bytes.len() as u64).to_le_bytes());
-        h.update(bytes);
-    };
+    let mut field = |bytes: &[u8]| update_framed(&mut h, bytes);
     field(scope.as_bytes());
     field(&context_length.unwrap_or(0).to_le_bytes());
     field(&[req.form as u8]);
@@ -169,7 +167,7 @@ pub fn chain(
         .map(|r| {
             let mut h = Xxh3::new();
             h.update(&link.to_le_bytes());
-            h.update(body.get(r.clone()).unwrap_or_default());
+            update_framed(&mut h, body.get(r.clone()).unwrap_or_default());
             link = h.digest128();
             link
         })

@@ -22,6 +22,7 @@ pub mod cache;
 pub mod caps;
 pub mod config;
 pub mod dialect;
+pub mod digest;
 pub mod estimate;
 pub mod flow;
 pub mod json;

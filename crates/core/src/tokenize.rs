@@ -4,6 +4,7 @@
 pub use super::dialect::payload;
 use super::dialect::{responses, Form};
 use super::request::Request;
+use crate::digest::update_framed;
 use serde_json::Value;
 use xxhash_rust::xxh3::Xxh3;
 
@@ -126,14 +127,14 @@ pub fn check_context(max_model_len: u64, context_length: Option<u64>) -> Result<
 }
 
 /// The cache key: a 128-bit hash of everything the payload is built from (the raw request
-/// slices, so a hit never builds the payload), the tokenizer route and C.
+/// slices, so a hit never builds the payload; a long one as its digest), the tokenizer route
+/// and C.
 pub fn cache_key(req: &Request, body: &[u8], route: &str, context_length: Option<u64>) -> u128 {
     let f = &req.fields;
     let mut h = Xxh3::new();
     let mut field = |tag: u8, bytes: &[u8]| {
         h.update(&[tag]);
-        h.update(&(bytes.len() as u64).to_le_bytes());
-        h.update(bytes);
+        update_framed(&mut h, bytes);
     };
     field(0, route.as_bytes());
     field(1, &context_length.unwrap_or(0).to_le_bytes());

@@ -261,6 +261,36 @@ pub unsafe fn classify_avx2(block: &[u8]) -> Masks {
     }
 }
 
+/// x86_64 with AVX-512BW: one 64-byte load per block, each class compared straight into a
+/// 64-bit mask register. The caller must have checked that the CPU has AVX-512BW (`skim`'s
+/// dispatch); blocks shorter than 64 bytes take the byte loop.
+///
+/// # Safety
+/// The CPU must have AVX-512F and AVX-512BW.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw")]
+#[inline]
+pub unsafe fn classify_avx512(block: &[u8]) -> Masks {
+    use std::arch::x86_64::*;
+    let Some(block) = block.get(..BLOCK) else {
+        return classify_scalar(block);
+    };
+    // SAFETY: AVX-512F/BW are available (the caller's contract); `block` is 64 readable bytes
+    // and `_mm512_loadu_si512` needs no alignment.
+    unsafe {
+        let v = _mm512_loadu_si512(block.as_ptr().cast());
+        let eq = |x, b: u8| _mm512_cmpeq_epi8_mask(x, _mm512_set1_epi8(b as i8));
+        let folded = _mm512_or_si512(v, _mm512_set1_epi8(0x20));
+        Masks {
+            quote: eq(v, b'"'),
+            backslash: eq(v, b'\\'),
+            open: eq(folded, b'{'),
+            close: eq(folded, b'}'),
+            space: _mm512_cmple_epu8_mask(v, _mm512_set1_epi8(0x20)),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -294,6 +324,11 @@ mod tests {
             if std::is_x86_feature_detected!("avx2") {
                 // SAFETY: the CPU has AVX2.
                 prop_assert_eq!(unsafe { classify_avx2(&block) }, classify_scalar(&block));
+            }
+            #[cfg(target_arch = "x86_64")]
+            if std::is_x86_feature_detected!("avx512bw") {
+                // SAFETY: the CPU has AVX-512BW (and so AVX-512F).
+                prop_assert_eq!(unsafe { classify_avx512(&block) }, classify_scalar(&block));
             }
         }
 

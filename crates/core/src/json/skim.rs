@@ -18,9 +18,11 @@ use crate::json::blocks::{classify, prefix_xor, Masks, Strings, BLOCK};
 /// `body[start]` opens none or it never closes.
 pub fn container_end(body: &[u8], start: usize) -> Option<usize> {
     #[cfg(target_arch = "x86_64")]
-    if wide::available() {
-        // SAFETY: the CPU has the features `wide` is compiled for.
-        return unsafe { wide::container_end(body, start) };
+    match wide::level() {
+        // SAFETY: the CPU has the features each function is compiled for.
+        wide::Level::Avx512 => return unsafe { wide::container_end_avx512(body, start) },
+        wide::Level::Avx2 => return unsafe { wide::container_end(body, start) },
+        wide::Level::None => {}
     }
     walk(body, start, classify, prefix_xor)
 }
@@ -49,21 +51,34 @@ fn walk(
 
 /// The skim on x86_64 CPUs with AVX2, POPCNT and PCLMULQDQ (nearly all since 2013; the
 /// native module runs it, the wasm build never): 32-byte compares, the bracket counts and the
-/// strings' prefix XOR in one instruction each instead of the baseline's bit arithmetic.
-/// `is_x86_feature_detected!` reads the CPU once per process.
+/// strings' prefix XOR in one instruction each instead of the baseline's bit arithmetic. Where
+/// the CPU also has AVX-512BW, each block is classified by 64-byte compares straight into
+/// masks. `is_x86_feature_detected!` reads the CPU once per process.
 #[cfg(target_arch = "x86_64")]
 mod wide {
     use super::{walk, Masks};
-    use crate::json::blocks::{classify_avx2, prefix_xor_clmul};
+    use crate::json::blocks::{classify_avx2, classify_avx512, prefix_xor_clmul};
 
-    pub fn available() -> bool {
-        std::is_x86_feature_detected!("avx2")
-            && std::is_x86_feature_detected!("popcnt")
-            && std::is_x86_feature_detected!("pclmulqdq")
+    /// The widest skim this CPU runs.
+    pub enum Level {
+        Avx512,
+        Avx2,
+        None,
+    }
+
+    pub fn level() -> Level {
+        use std::is_x86_feature_detected as has;
+        if !(has!("avx2") && has!("popcnt") && has!("pclmulqdq")) {
+            Level::None
+        } else if has!("avx512f") && has!("avx512bw") {
+            Level::Avx512
+        } else {
+            Level::Avx2
+        }
     }
 
     /// # Safety
-    /// The CPU must have AVX2, POPCNT and PCLMULQDQ ([`available`]).
+    /// The CPU must have AVX2, POPCNT and PCLMULQDQ ([`level`]).
     #[target_feature(enable = "avx2,popcnt,pclmulqdq")]
     pub unsafe fn container_end(body: &[u8], start: usize) -> Option<usize> {
         walk(
@@ -72,6 +87,24 @@ mod wide {
             |block| -> Masks {
                 // SAFETY: this function runs only where AVX2 is available.
                 unsafe { classify_avx2(block) }
+            },
+            |x| {
+                // SAFETY: this function runs only where PCLMULQDQ is available.
+                unsafe { prefix_xor_clmul(x) }
+            },
+        )
+    }
+
+    /// # Safety
+    /// The CPU must have AVX-512F, AVX-512BW, AVX2, POPCNT and PCLMULQDQ ([`level`]).
+    #[target_feature(enable = "avx512f,avx512bw,avx2,popcnt,pclmulqdq")]
+    pub unsafe fn container_end_avx512(body: &[u8], start: usize) -> Option<usize> {
+        walk(
+            body,
+            start,
+            |block| -> Masks {
+                // SAFETY: this function runs only where AVX-512BW is available.
+                unsafe { classify_avx512(block) }
             },
             |x| {
                 // SAFETY: this function runs only where PCLMULQDQ is available.
@@ -158,6 +191,26 @@ mod tests {
         None
     }
 
+    /// The end by every skim this CPU runs: the baseline, then AVX2 and AVX-512 where the
+    /// CPU has them (the dispatch picks only the widest).
+    fn every_level(body: &[u8], start: usize) -> Vec<Option<usize>> {
+        #[allow(unused_mut)]
+        let mut ends = vec![walk(body, start, classify, prefix_xor)];
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::is_x86_feature_detected as has;
+            if has!("avx2") && has!("popcnt") && has!("pclmulqdq") {
+                // SAFETY: the CPU has the features.
+                ends.push(unsafe { wide::container_end(body, start) });
+                if has!("avx512f") && has!("avx512bw") {
+                    // SAFETY: the CPU has the features.
+                    ends.push(unsafe { wide::container_end_avx512(body, start) });
+                }
+            }
+        }
+        ends
+    }
+
     #[test]
     fn ends() {
         let body = br#"{"a":[1,"]",{"b":"\"}"}],"c":"\\"} tail"#;
@@ -182,10 +235,9 @@ mod tests {
                     reference_end(&body, 0),
                     "pad {pad} run {run}"
                 );
-                assert_eq!(
-                    walk(&body, 0, classify, prefix_xor),
-                    reference_end(&body, 0)
-                );
+                for end in every_level(&body, 0) {
+                    assert_eq!(end, reference_end(&body, 0), "pad {pad} run {run}");
+                }
             }
         }
     }
@@ -202,8 +254,10 @@ mod tests {
             let mut body = body;
             body[0] = b'[';
             prop_assert_eq!(container_end(&body, 0), reference_end(&body, 0));
-            // The baseline walk too, wherever the wide one runs.
-            prop_assert_eq!(walk(&body, 0, classify, prefix_xor), reference_end(&body, 0));
+            // Every level too, wherever a wider one runs.
+            for end in every_level(&body, 0) {
+                prop_assert_eq!(end, reference_end(&body, 0));
+            }
         }
 
         /// Valid JSON: exactly where the validating scanner says the value ends.
@@ -223,6 +277,9 @@ mod tests {
             prop_assert!(is_json(value.as_bytes()));
             let body = format!("{value}{tail}");
             prop_assert_eq!(container_end(body.as_bytes(), 0), Some(value.len()));
+            for end in every_level(body.as_bytes(), 0) {
+                prop_assert_eq!(end, Some(value.len()));
+            }
         }
     }
 }

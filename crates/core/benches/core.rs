@@ -13,7 +13,8 @@
 //!   payload     the `/tokenize` payload (only built on a miss)
 //!   splice      the rewritten body
 //!   decide      rule + splice, given a cached count
-//!   hit_path    analyze + cache_key + decide: everything a cache hit does in the core
+//!   hit_path    analyze + cache_key + decide: everything a cache hit does in the core (the
+//!               prompt seen before: where `messages` and `tools` end is guessed, not skimmed)
 //!   miss_path   analyze + validate + cache_key + payload + decide (no tokenizer reply)
 //!   passthrough analyze of the same content without `messages` (returns Shape)
 //!   response    the answer side per answer: a success's head (passes, its body never read);
@@ -27,9 +28,10 @@
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use incontext_core::config::Config;
+use incontext_core::dialect::Endpoint;
 use incontext_core::json::scan::scan;
 use incontext_core::plan::{decide, Count, Source};
-use incontext_core::request::analyze;
+use incontext_core::request::{analyze, analyze_guessing};
 use incontext_core::rewrite::splice;
 use incontext_core::tokenize::{cache_key, payload};
 use std::hint::black_box;
@@ -280,7 +282,7 @@ fn bench(c: &mut Criterion) {
     )
     .prompt);
     group!("hit_path", |body, _i| {
-        let req = analyze(body, &config).expect("chat");
+        let (req, _) = analyze_guessing(body, &config, Endpoint::OpenAi).expect("chat");
         let key = cache_key(&req, body, ROUTE, Some(32768));
         (key, decide(&req, body, &config, cached(), None).prompt)
     });

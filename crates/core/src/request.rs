@@ -5,7 +5,7 @@ use super::caps::{parse_cap, CapField};
 use super::config::Config;
 use super::reason::Reason;
 use crate::dialect::{Endpoint, Form};
-use crate::json::scan::{is_value_at, scan_skimming, Member, ScanError};
+use crate::json::scan::{is_value_at, scan_guessing, Member, ScanError, Scanned};
 
 /// How the prompt will be counted.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -112,7 +112,36 @@ pub fn analyze(body: &[u8], config: &Config) -> Result<Request, Reason> {
 
 /// [`analyze`] for a request sent to `endpoint`.
 pub fn analyze_at(body: &[u8], config: &Config, endpoint: Endpoint) -> Result<Request, Reason> {
-    let (members, mut unchecked) = scan_skimming(body, skimmed).map_err(|e| match e {
+    analyze_with(body, config, endpoint, false).map(|(req, _)| req)
+}
+
+/// [`analyze_at`], guessing where long skimmed values end (`json::guess`). With the request,
+/// the members whose end was guessed: when there are any, it is the request only once each
+/// guess is proved (a count stored under a cache key that hashes that member's value);
+/// otherwise analyze it again with [`analyze_at`]. A body the guesses cannot read is analyzed
+/// without them at once.
+pub fn analyze_guessing(
+    body: &[u8],
+    config: &Config,
+    endpoint: Endpoint,
+) -> Result<(Request, Vec<usize>), Reason> {
+    match analyze_with(body, config, endpoint, true) {
+        Ok(analyzed) => Ok(analyzed),
+        Err(_) => analyze_at(body, config, endpoint).map(|req| (req, Vec::new())),
+    }
+}
+
+fn analyze_with(
+    body: &[u8],
+    config: &Config,
+    endpoint: Endpoint,
+    guesses: bool,
+) -> Result<(Request, Vec<usize>), Reason> {
+    let Scanned {
+        members,
+        skimmed: mut unchecked,
+        guessed,
+    } = scan_guessing(body, skimmed, guesses).map_err(|e| match e {
         ScanError::NotJson => Reason::NotJson,
         ScanError::NotObject => Reason::NotObject,
     })?;
@@ -218,7 +247,7 @@ pub fn analyze_at(body: &[u8], config: &Config, endpoint: Endpoint) -> Result<Re
         form == Form::Chat && crate::dialect::chat::omit_tools(body, &members, &f, config);
     let counting = form.counting(body, &members, &f, config)?;
 
-    Ok(Request {
+    let req = Request {
         form,
         members,
         fields: f,
@@ -228,7 +257,8 @@ pub fn analyze_at(body: &[u8], config: &Config, endpoint: Endpoint) -> Result<Re
         counting,
         unchecked,
         omit_tools,
-    })
+    };
+    Ok((req, guessed))
 }
 
 impl Request {

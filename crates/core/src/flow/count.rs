@@ -12,12 +12,28 @@ use crate::bound;
 use crate::plan::{Count, Source};
 use crate::reason::Reason;
 use crate::request::{Counting, Request};
-use crate::tokenize::{cache_key, check_context, Failure};
+use crate::tokenize::{cache_key, check_context, Failure, Reply as Stored};
 
-/// The first step of a budgeted request.
-pub fn start(ctx: &mut Ctx, req: Request, body: Vec<u8>) -> Next {
+/// A count stored under a request's cache key, and that key.
+pub struct Found {
+    key: u128,
+    stored: Stored,
+}
+
+/// The count stored for `req`, when its counting reads the cache and the cache holds one.
+pub fn lookup(ctx: &mut Ctx, req: &Request, body: &[u8]) -> Option<Found> {
+    if req.counting != Counting::Tokenize {
+        return None;
+    }
+    let key = cache_key(req, body, &ctx.route.scope, ctx.config().context_length);
+    let stored = ctx.stored_count(key)?;
+    Some(Found { key, stored })
+}
+
+/// The first step of a budgeted request; `found`, what [`lookup`] found for it already.
+pub fn start(ctx: &mut Ctx, req: Request, body: Vec<u8>, found: Option<Found>) -> Next {
     if req.counting == Counting::Tokenize {
-        return cached(ctx, req, body);
+        return cached(ctx, req, body, found);
     }
     if let Err(reason) = req.validate(&body) {
         return Next::Conclude(Verdict::unchanged(reason));
@@ -37,11 +53,17 @@ pub fn start(ctx: &mut Ctx, req: Request, body: Vec<u8>) -> Next {
 
 /// A stored count decides at once; otherwise the request is validated, then proved by a
 /// bound or counted.
-fn cached(ctx: &mut Ctx, req: Request, body: Vec<u8>) -> Next {
+fn cached(ctx: &mut Ctx, req: Request, body: Vec<u8>, found: Option<Found>) -> Next {
     let config = ctx.config();
-    let key = cache_key(&req, &body, &ctx.route.scope, config.context_length);
     let configured = config.context_length;
-    if let Some(stored) = ctx.stored_count(key) {
+    let (key, stored) = match found {
+        Some(Found { key, stored }) => (key, Some(stored)),
+        None => {
+            let key = cache_key(&req, &body, &ctx.route.scope, configured);
+            (key, ctx.stored_count(key))
+        }
+    };
+    if let Some(stored) = stored {
         // A count stored without the context length it came with (0) has none to check.
         let window = Some(stored.max_model_len).filter(|c| *c > 0);
         if window.is_none_or(|c| check_context(c, configured).is_ok()) {

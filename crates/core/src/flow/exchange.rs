@@ -24,8 +24,9 @@ use crate::backend::CallKind;
 use crate::dialect::{classify_path, Endpoint};
 use crate::reason::Reason;
 use crate::report::Report;
-use crate::request::{analyze_at, Request};
+use crate::request::{analyze_at, analyze_guessing, Request};
 use crate::response::{Budget, Response};
+use crate::tokenize::keyed;
 
 /// A request held, or sent on a bound, with what its calls need.
 #[derive(Debug)]
@@ -203,8 +204,13 @@ impl Exchange {
     pub fn on_body(&mut self, plugin: &Plugin, host: &mut dyn Host, body: Vec<u8>) -> Step {
         // The analysis reads only what every route shares with the top level (the model
         // filter counts the models the routes name).
-        let req = match analyze_at(&body, plugin.config(), self.endpoint) {
-            Ok(r) => r,
+        let analyzed = match analyze_guessing(&body, plugin.config(), self.endpoint) {
+            Ok((req, guessed)) if guessed.is_empty() => Ok((req, None)),
+            Ok((req, guessed)) => self.prove(plugin, host, req, &guessed, &body),
+            Err(reason) => Err(reason),
+        };
+        let (req, found) = match analyzed {
+            Ok(a) => a,
             Err(reason) => {
                 self.unchanged(plugin, host, reason);
                 return Step::Done(Action::Continue);
@@ -215,8 +221,30 @@ impl Exchange {
         if let RouteId::Named(i) = self.route {
             ctx.host.increment_route(i, Metric::Requests);
         }
-        let next = count::start(&mut ctx, req, body);
+        let next = count::start(&mut ctx, req, body, found);
         self.advance(&mut ctx, next)
+    }
+
+    /// A request analyzed on guesses of where long values end (`json::guess`) is the request
+    /// when its cache key hashes every guessed value and the cache holds a count for that key
+    /// (stored for a request whose values were validated: the guessed spans are whole values);
+    /// otherwise it is analyzed again without guesses.
+    fn prove(
+        &mut self,
+        plugin: &Plugin,
+        host: &mut dyn Host,
+        req: Request,
+        guessed: &[usize],
+        body: &[u8],
+    ) -> Result<(Request, Option<count::Found>), Reason> {
+        if guessed.iter().all(|&i| keyed(&req, i)) {
+            self.route = plugin.resolve(Some(&req.model_name(body)));
+            let mut ctx = self.ctx(plugin, host);
+            if let Some(found) = count::lookup(&mut ctx, &req, body) {
+                return Ok((req, Some(found)));
+            }
+        }
+        analyze_at(body, plugin.config(), self.endpoint).map(|req| (req, None))
     }
 
     /// Applies what a strategy asks.

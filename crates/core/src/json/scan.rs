@@ -8,6 +8,7 @@
 //! prompt — are skipped 8 bytes at a time (16 with wasm `simd128`), which is several times
 //! faster than serde_json's byte-by-byte `RawValue` scan.
 
+use crate::json::guess;
 use crate::json::skim::container_end;
 use std::ops::Range;
 
@@ -60,15 +61,42 @@ pub fn scan_skimming(
     body: &[u8],
     skim: impl Fn(&str) -> bool,
 ) -> Result<(Vec<Member>, Vec<usize>), ScanError> {
+    scan_guessing(body, skim, false).map(|s| (s.members, s.skimmed))
+}
+
+/// What [`scan_guessing`] found.
+pub struct Scanned {
+    pub members: Vec<Member>,
+    /// The members whose value was only skimmed (or its end guessed).
+    pub skimmed: Vec<usize>,
+    /// The members whose value's end was guessed.
+    pub guessed: Vec<usize>,
+}
+
+/// As `scan_skimming`; with `guesses`, a long skimmed value's end is guessed where it can be
+/// (`guess`), and `guessed` lists the members whose end was: the members are then right only
+/// if those guesses are proved (see `guess`).
+pub fn scan_guessing(
+    body: &[u8],
+    skim: impl Fn(&str) -> bool,
+    guesses: bool,
+) -> Result<Scanned, ScanError> {
     let start = skip_ws(body, 0);
-    match body.get(start) {
-        Some(b'{') => members(body, start, &skim).map_err(|_| ScanError::NotJson),
+    let mut guessed = Vec::new();
+    let scanned = match body.get(start) {
+        Some(b'{') => members(body, start, &skim, guesses.then_some(&mut guessed))
+            .map_err(|_| ScanError::NotJson),
         Some(_) => match skip_value(body, start) {
             Ok(end) if skip_ws(body, end) == body.len() => Err(ScanError::NotObject),
             _ => Err(ScanError::NotJson),
         },
         None => Err(ScanError::NotJson),
-    }
+    };
+    scanned.map(|(members, skimmed)| Scanned {
+        members,
+        skimmed,
+        guessed,
+    })
 }
 
 /// Whether `text` is exactly one JSON value (surrounding white space allowed). The filter
@@ -112,7 +140,14 @@ pub fn is_value_at(body: &[u8], range: std::ops::Range<usize>) -> bool {
 
 type Members = (Vec<Member>, Vec<usize>);
 
-fn members(body: &[u8], open: usize, skim: &impl Fn(&str) -> bool) -> Parse<Members> {
+/// The members of the object that opens at `open`. With `guessed`, long skimmed values are
+/// guessed where they can be, and the indices of those members are pushed to it.
+fn members(
+    body: &[u8],
+    open: usize,
+    skim: &impl Fn(&str) -> bool,
+    mut guessed: Option<&mut Vec<usize>>,
+) -> Parse<Members> {
     let mut out = Vec::new();
     let mut skimmed = Vec::new();
     let mut i = skip_ws(body, open + 1);
@@ -133,7 +168,21 @@ fn members(body: &[u8], open: usize, skim: &impl Fn(&str) -> bool) -> Parse<Memb
         let value_start = skip_ws(body, i + 1);
         let value_end = if matches!(body.get(value_start), Some(b'[' | b'{')) && skim(&key) {
             skimmed.push(out.len());
-            container_end(body, value_start).ok_or(Invalid)?
+            let guessed_end = guessed.as_deref_mut().and_then(|g| {
+                let end = guess::guess(body, value_start);
+                if end.is_some() {
+                    g.push(out.len());
+                }
+                end
+            });
+            match guessed_end {
+                Some(end) => end,
+                None => {
+                    let end = container_end(body, value_start).ok_or(Invalid)?;
+                    guess::learn(body, value_start, end);
+                    end
+                }
+            }
         } else {
             skip_value(body, value_start)?
         };

@@ -2,6 +2,7 @@
 
 mod answers;
 mod count;
+mod guess;
 mod routes;
 mod skip;
 pub(crate) mod support;

@@ -1,0 +1,207 @@
+//! Long prompts analyzed on a guess of where `messages` ends (`json::guess`): a proved guess
+//! decides as the skim would have, and an unproved or wrong one is never used.
+
+use super::support::*;
+use crate::dialect::Endpoint;
+use crate::flow::*;
+use crate::request::{analyze_at, analyze_guessing};
+use crate::tokenize::keyed;
+
+const CHAT_PATH: &str = "/v1/chat/completions";
+
+/// A chat whose `messages` is `value` (over `json::guess::MIN_LEN`, so worth a guess).
+fn chat(value: &str) -> String {
+    format!(r#"{{"model":"m","messages":{value},"max_tokens":32768}}"#)
+}
+
+/// Two user messages of `a` and `b` bytes of text.
+fn two_messages(a: usize, b: usize) -> String {
+    format!(
+        r#"[{{"role":"user","content":"{}"}},{{"role":"user","content":"{}"}}]"#,
+        "a".repeat(a),
+        "b".repeat(b)
+    )
+}
+
+/// Runs `f` on a thread of its own: a table of guesses that starts empty.
+fn on_a_fresh_thread<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    std::thread::spawn(f).join().expect("the test thread")
+}
+
+/// The count call's payload of each call made so far.
+fn payloads(host: &FakeHost) -> Vec<serde_json::Value> {
+    host.calls
+        .iter()
+        .map(|(_, _, call)| serde_json::from_slice(call.body.as_deref().unwrap()).unwrap())
+        .collect()
+}
+
+#[test]
+fn a_long_prompt_seen_before_is_decided_on_a_proved_guess() {
+    on_a_fresh_thread(|| {
+        let body = chat(&two_messages(3000, 3000));
+        let config = plugin("");
+        let (p, mut host) = (config, FakeHost::default());
+        assert_eq!(
+            analyze_guessing(body.as_bytes(), p.config(), Endpoint::OpenAi)
+                .unwrap()
+                .1,
+            Vec::<usize>::new(),
+            "nothing learned yet"
+        );
+        let (mut x, _) = send(&p, &mut host, CHAT_PATH, &body);
+        let first = rewritten(reply(&p, &mut host, &mut x, 200, &tokenized(1000, 8192)));
+        assert_eq!(first["max_tokens"], 8192 - 1000);
+
+        // The same prompt again: `messages` (member 1) is guessed, and the count stored for
+        // its key proves the guess.
+        let (req, guessed) =
+            analyze_guessing(body.as_bytes(), p.config(), Endpoint::OpenAi).unwrap();
+        assert_eq!(guessed, vec![1]);
+        assert_eq!(
+            req,
+            analyze_at(body.as_bytes(), p.config(), Endpoint::OpenAi).unwrap()
+        );
+        let (x2, step) = send(&p, &mut host, CHAT_PATH, &body);
+        assert_eq!(rewritten(step), first);
+        assert_eq!(host.calls.len(), 1, "a hit makes no call");
+        assert_eq!(host.count(Metric::CacheHits), 1);
+        assert_eq!(host.count(Metric::CacheMisses), 1);
+        assert_eq!(header(&x2, &p, HEADER_SOURCE).as_deref(), Some("cache"));
+    });
+}
+
+#[test]
+fn a_guess_the_cache_cannot_prove_is_analyzed_again() {
+    on_a_fresh_thread(|| {
+        let (p, mut host) = setup("");
+        let first = chat(&two_messages(3000, 3000));
+        let (mut x, _) = send(&p, &mut host, CHAT_PATH, &first);
+        reply(&p, &mut host, &mut x, 200, &tokenized(1000, 8192));
+
+        // Another prompt of the same length that begins and ends as the first: the guess is
+        // made, and no count is stored for its key.
+        let mut value = two_messages(3000, 3000);
+        value.replace_range(1500..1504, "zzzz");
+        let other = chat(&value);
+        assert_eq!(other.len(), first.len());
+        assert_eq!(
+            analyze_guessing(other.as_bytes(), p.config(), Endpoint::OpenAi)
+                .unwrap()
+                .1,
+            vec![1]
+        );
+        let (mut x, step) = send(&p, &mut host, CHAT_PATH, &other);
+        assert!(
+            matches!(step, Step::Wait),
+            "counted, not decided on the guess"
+        );
+        assert_eq!(host.count(Metric::CacheMisses), 2);
+        let sent = payloads(&host);
+        assert_eq!(sent.len(), 2);
+        let content = sent[1]["messages"][0]["content"].as_str().unwrap();
+        assert_eq!(content.find("zzzz"), Some(1500 - 27));
+        let v = rewritten(reply(&p, &mut host, &mut x, 200, &tokenized(2000, 8192)));
+        assert_eq!(v["max_tokens"], 8192 - 2000);
+        assert_eq!(v["messages"][0]["content"].as_str().unwrap(), content);
+    });
+}
+
+#[test]
+fn a_wrong_guess_is_never_used() {
+    on_a_fresh_thread(|| {
+        let (p, mut host) = setup("");
+        let first = chat(&two_messages(3000, 3000));
+        let (mut x, _) = send(&p, &mut host, CHAT_PATH, &first);
+        reply(&p, &mut host, &mut x, 200, &tokenized(1000, 8192));
+
+        // `messages` begins as the first one's and, at its length, ends as it ended, but goes
+        // on: the second message is wrapped in an array (one `a` less keeps the length), and
+        // a third follows.
+        let value = two_messages(2999, 3000).replacen(r#"},{"#, r#"},[{"#, 1);
+        let value = format!(
+            r#"{}],{{"role":"user","content":"c"}}]"#,
+            &value[..value.len() - 1]
+        );
+        let wrong = chat(&value);
+        let (req, guessed) =
+            analyze_guessing(wrong.as_bytes(), p.config(), Endpoint::OpenAi).unwrap();
+        assert_eq!(
+            guessed,
+            Vec::<usize>::new(),
+            "the guessed scan fails: no guess is kept"
+        );
+        let skimmed = analyze_at(wrong.as_bytes(), p.config(), Endpoint::OpenAi).unwrap();
+        assert_eq!(req, skimmed);
+        assert_eq!(
+            &wrong.as_bytes()[req.members[1].value.clone()],
+            value.as_bytes()
+        );
+
+        let (mut x, step) = send(&p, &mut host, CHAT_PATH, &wrong);
+        assert!(matches!(step, Step::Wait));
+        assert_eq!(payloads(&host)[1]["messages"][2]["content"], "c");
+        let v = rewritten(reply(&p, &mut host, &mut x, 200, &tokenized(1500, 8192)));
+        assert_eq!(v["max_tokens"], 8192 - 1500);
+    });
+}
+
+#[test]
+fn only_a_member_the_key_hashes_can_be_proved() {
+    let (p, _) = setup("");
+    // Two `messages` members: the key hashes one of them.
+    let body = format!(
+        r#"{{"model":"m","messages":{},"messages":{},"max_tokens":9}}"#,
+        two_messages(3000, 3000),
+        two_messages(5, 5)
+    );
+    let req = analyze_at(body.as_bytes(), p.config(), Endpoint::OpenAi).unwrap();
+    let keyed_members: Vec<usize> = (0..req.members.len()).filter(|&i| keyed(&req, i)).collect();
+    assert_eq!(
+        keyed_members,
+        vec![0, 2],
+        "the model and the last `messages`"
+    );
+}
+
+#[test]
+fn a_guessed_scan_that_reads_but_is_not_proved_is_analyzed_again() {
+    on_a_fresh_thread(|| {
+        let (p, mut host) = setup("");
+        // `messages` holds an object with a member named `tools`, and the request's own
+        // `tools` follows it.
+        let text = |c: &str| c.repeat(3000);
+        let messages = format!(
+            r#"[{{"c":"{}"}},{{"n":[{{"c":"{}"}}],"tools":[{{"c":"{}"}}]}}]"#,
+            text("x"),
+            text("y"),
+            text("z")
+        );
+        let tools = format!(r#"[{{"c":"{}"}}]"#, text("w"));
+        let body =
+            format!(r#"{{"model":"m","messages":{messages},"tools":{tools},"max_tokens":32768}}"#);
+        // Values seen before began and ended as two wrong spans of this body: `messages` up
+        // to the end of `n`, and the inner `tools` up to the end of the request's `tools`.
+        let b = body.as_bytes();
+        let start = body.find(r#"[{"c":"x"#).unwrap();
+        let n_end = body.find(r#"],"tools""#).unwrap() + 1;
+        let inner = body.find(r#"[{"c":"z"#).unwrap();
+        let tools_end = body.find(r#","max_tokens""#).unwrap();
+        crate::json::guess::learn(b, start, n_end);
+        crate::json::guess::learn(b, inner, tools_end);
+
+        // On those guesses the body reads as a request whose `messages` and `tools` are not
+        // JSON values; no count is stored for its key, so it is analyzed again.
+        let (guessed_req, guessed) = analyze_guessing(b, p.config(), Endpoint::OpenAi).unwrap();
+        assert_eq!(guessed, vec![1, 2]);
+        assert_eq!(guessed_req.members[1].value, start..n_end);
+        let (mut x, step) = send(&p, &mut host, CHAT_PATH, &body);
+        assert!(matches!(step, Step::Wait), "counted as the request it is");
+        let sent = payloads(&host);
+        assert_eq!(sent.len(), 1);
+        assert_eq!(sent[0]["messages"].as_array().map(Vec::len), Some(2));
+        assert_eq!(sent[0]["tools"][0]["c"], text("w"));
+        let v = rewritten(reply(&p, &mut host, &mut x, 200, &tokenized(3000, 8192)));
+        assert_eq!(v["max_tokens"], 8192 - 3000);
+    });
+}

@@ -116,10 +116,9 @@ pub fn analyze_at(body: &[u8], config: &Config, endpoint: Endpoint) -> Result<Re
 }
 
 /// [`analyze_at`], guessing where long skimmed values end (`json::guess`). With the request,
-/// the members whose end was guessed: when there are any, it is the request only once each
-/// guess is proved (a count stored under a cache key that hashes that member's value);
-/// otherwise analyze it again with [`analyze_at`]. A body the guesses cannot read is analyzed
-/// without them at once.
+/// the members whose end was guessed: when there are any, it is the request only once the
+/// guesses are proved (`flow::count::prove`); otherwise analyze it again with [`analyze_at`].
+/// A body the guesses cannot read is analyzed without them at once.
 pub fn analyze_guessing(
     body: &[u8],
     config: &Config,

@@ -3,7 +3,7 @@
 
 pub use super::dialect::payload;
 use super::dialect::{responses, Form};
-use super::request::{Fields, Request};
+use super::request::Request;
 use crate::digest::update_framed;
 use serde_json::Value;
 use xxhash_rust::xxh3::Xxh3;
@@ -126,39 +126,6 @@ pub fn check_context(max_model_len: u64, context_length: Option<u64>) -> Result<
     }
 }
 
-/// The members whose values the cache key of a request that is not a Responses request
-/// hashes, in order.
-fn key_fields(f: &Fields) -> [Option<usize>; 17] {
-    [
-        f.model,
-        f.messages,
-        f.prompt,
-        f.tools,
-        f.add_generation_prompt,
-        f.continue_final_message,
-        f.add_special_tokens,
-        f.chat_template,
-        f.chat_template_kwargs,
-        f.media_io_kwargs,
-        f.mm_processor_kwargs,
-        f.documents,
-        f.reasoning_effort,
-        f.tool_choice,
-        f.system,
-        f.thinking,
-        f.output_config,
-    ]
-}
-
-/// Whether [`cache_key`] hashes the value of member `i`: a count stored under the key then
-/// vouches for that value's exact bytes.
-pub fn keyed(req: &Request, i: usize) -> bool {
-    match req.form {
-        Form::Responses => responses::keyed(req, i),
-        _ => key_fields(&req.fields).contains(&Some(i)),
-    }
-}
-
 /// The cache key: a 128-bit hash of everything the payload is built from (the raw request
 /// slices, so a hit never builds the payload; a long one as its digest), the tokenizer route
 /// and C.
@@ -178,7 +145,26 @@ pub fn cache_key(req: &Request, body: &[u8], route: &str, context_length: Option
         }
         return h.digest128();
     }
-    for (i, idx) in key_fields(f).into_iter().enumerate() {
+    let parts = [
+        f.model,
+        f.messages,
+        f.prompt,
+        f.tools,
+        f.add_generation_prompt,
+        f.continue_final_message,
+        f.add_special_tokens,
+        f.chat_template,
+        f.chat_template_kwargs,
+        f.media_io_kwargs,
+        f.mm_processor_kwargs,
+        f.documents,
+        f.reasoning_effort,
+        f.tool_choice,
+        f.system,
+        f.thinking,
+        f.output_config,
+    ];
+    for (i, idx) in parts.into_iter().enumerate() {
         match req.raw_bytes(body, idx) {
             Some(bytes) => field(16 + i as u8, bytes),
             None => field(64 + i as u8, b""),

@@ -53,11 +53,6 @@ fn counted(req: &Request, i: usize, m: &Member) -> bool {
     m.key != "stream" && !req.cap_members.contains(&i)
 }
 
-/// Whether the cache key hashes member `i` (`tokenize::key_parts`).
-pub fn keyed(req: &Request, i: usize) -> bool {
-    req.members.get(i).is_some_and(|m| counted(req, i, m))
-}
-
 /// The count call's body: the request without its caps and without `stream`, members as they
 /// stand in the body (vLLM's render refuses a cap larger than the window and answers a stream
 /// with a stream). A plain function: every renderer of a Responses request takes this body.

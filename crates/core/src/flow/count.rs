@@ -14,26 +14,45 @@ use crate::reason::Reason;
 use crate::request::{Counting, Request};
 use crate::tokenize::{cache_key, check_context, Failure, Reply as Stored};
 
-/// A count stored under a request's cache key, and that key.
-pub struct Found {
+/// A request's cache key and what the cache holds under it, looked up before [`start`].
+pub struct Looked {
     key: u128,
-    stored: Stored,
+    stored: Option<Stored>,
+    /// The request was validated (`Request::validate`) already.
+    validated: bool,
 }
 
-/// The count stored for `req`, when its counting reads the cache and the cache holds one.
-pub fn lookup(ctx: &mut Ctx, req: &Request, body: &[u8]) -> Option<Found> {
+/// Proves a request analyzed on guesses of where its long values end (`json::guess`), or
+/// `None`: analyze it again without guesses. The analysis left unchecked only the values the
+/// cache key hashes (it validates a duplicate `messages` or `tools` at once), so a count
+/// stored under the key proves the guesses: it was stored for a request whose values were
+/// validated, so each guessed span is a whole JSON value, and a value's skim ends where the
+/// value ends. Without one, the request's own validation proves them, as it does a skim's (a
+/// miss validates anyway).
+pub fn prove(ctx: &mut Ctx, req: &Request, body: &[u8]) -> Option<Looked> {
     if req.counting != Counting::Tokenize {
         return None;
     }
     let key = cache_key(req, body, &ctx.route.scope, ctx.config().context_length);
-    let stored = ctx.stored_count(key)?;
-    Some(Found { key, stored })
+    let stored = ctx.stored_count(key);
+    if stored.is_some() {
+        return Some(Looked {
+            key,
+            stored,
+            validated: false,
+        });
+    }
+    req.validate(body).is_ok().then_some(Looked {
+        key,
+        stored,
+        validated: true,
+    })
 }
 
-/// The first step of a budgeted request; `found`, what [`lookup`] found for it already.
-pub fn start(ctx: &mut Ctx, req: Request, body: Vec<u8>, found: Option<Found>) -> Next {
+/// The first step of a budgeted request; `looked`, what [`prove`] found for it already.
+pub fn start(ctx: &mut Ctx, req: Request, body: Vec<u8>, looked: Option<Looked>) -> Next {
     if req.counting == Counting::Tokenize {
-        return cached(ctx, req, body, found);
+        return cached(ctx, req, body, looked);
     }
     if let Err(reason) = req.validate(&body) {
         return Next::Conclude(Verdict::unchanged(reason));
@@ -53,16 +72,21 @@ pub fn start(ctx: &mut Ctx, req: Request, body: Vec<u8>, found: Option<Found>) -
 
 /// A stored count decides at once; otherwise the request is validated, then proved by a
 /// bound or counted.
-fn cached(ctx: &mut Ctx, req: Request, body: Vec<u8>, found: Option<Found>) -> Next {
+fn cached(ctx: &mut Ctx, req: Request, body: Vec<u8>, looked: Option<Looked>) -> Next {
     let config = ctx.config();
     let configured = config.context_length;
-    let (key, stored) = match found {
-        Some(Found { key, stored }) => (key, Some(stored)),
-        None => {
-            let key = cache_key(&req, &body, &ctx.route.scope, configured);
-            (key, ctx.stored_count(key))
+    let Looked {
+        key,
+        stored,
+        validated,
+    } = looked.unwrap_or_else(|| {
+        let key = cache_key(&req, &body, &ctx.route.scope, configured);
+        Looked {
+            key,
+            stored: ctx.stored_count(key),
+            validated: false,
         }
-    };
+    });
     if let Some(stored) = stored {
         // A count stored without the context length it came with (0) has none to check.
         let window = Some(stored.max_model_len).filter(|c| *c > 0);
@@ -82,8 +106,10 @@ fn cached(ctx: &mut Ctx, req: Request, body: Vec<u8>, found: Option<Found>) -> N
         }
     }
     // What `analyze` only skimmed must validate, or the request passes unchanged.
-    if let Err(reason) = req.validate(&body) {
-        return Next::Conclude(Verdict::unchanged(reason));
+    if !validated {
+        if let Err(reason) = req.validate(&body) {
+            return Next::Conclude(Verdict::unchanged(reason));
+        }
     }
     ctx.count(Metric::CacheMisses);
     let model = req.model_name(&body);

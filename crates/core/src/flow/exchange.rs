@@ -26,7 +26,6 @@ use crate::reason::Reason;
 use crate::report::Report;
 use crate::request::{analyze_at, analyze_guessing, Request};
 use crate::response::{Budget, Response};
-use crate::tokenize::keyed;
 
 /// A request held, or sent on a bound, with what its calls need.
 #[derive(Debug)]
@@ -206,7 +205,7 @@ impl Exchange {
         // filter counts the models the routes name).
         let analyzed = match analyze_guessing(&body, plugin.config(), self.endpoint) {
             Ok((req, guessed)) if guessed.is_empty() => Ok((req, None)),
-            Ok((req, guessed)) => self.prove(plugin, host, req, &guessed, &body),
+            Ok((req, _)) => self.prove(plugin, host, req, &body),
             Err(reason) => Err(reason),
         };
         let (req, found) = match analyzed {
@@ -226,25 +225,21 @@ impl Exchange {
     }
 
     /// A request analyzed on guesses of where long values end (`json::guess`) is the request
-    /// when its cache key hashes every guessed value and the cache holds a count for that key
-    /// (stored for a request whose values were validated: the guessed spans are whole values);
-    /// otherwise it is analyzed again without guesses.
+    /// once the guesses are proved (`count::prove`); otherwise it is analyzed again without
+    /// guesses.
     fn prove(
         &mut self,
         plugin: &Plugin,
         host: &mut dyn Host,
         req: Request,
-        guessed: &[usize],
         body: &[u8],
-    ) -> Result<(Request, Option<count::Found>), Reason> {
-        if guessed.iter().all(|&i| keyed(&req, i)) {
-            self.route = plugin.resolve(Some(&req.model_name(body)));
-            let mut ctx = self.ctx(plugin, host);
-            if let Some(found) = count::lookup(&mut ctx, &req, body) {
-                return Ok((req, Some(found)));
-            }
+    ) -> Result<(Request, Option<count::Looked>), Reason> {
+        self.route = plugin.resolve(Some(&req.model_name(body)));
+        let mut ctx = self.ctx(plugin, host);
+        match count::prove(&mut ctx, &req, body) {
+            Some(looked) => Ok((req, Some(looked))),
+            None => analyze_at(body, plugin.config(), self.endpoint).map(|req| (req, None)),
         }
-        analyze_at(body, plugin.config(), self.endpoint).map(|req| (req, None))
     }
 
     /// Applies what a strategy asks.

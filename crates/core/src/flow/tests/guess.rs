@@ -1,11 +1,11 @@
-//! Long prompts analyzed on a guess of where `messages` ends (`json::guess`): a proved guess
-//! decides as the skim would have, and an unproved or wrong one is never used.
+//! Long prompts analyzed on a guess of where `messages` ends (`json::guess`): a guess proved
+//! by a stored count or by the request's validation decides as the skim would have, and an
+//! unproved or wrong one is never used.
 
 use super::support::*;
 use crate::dialect::Endpoint;
 use crate::flow::*;
 use crate::request::{analyze_at, analyze_guessing};
-use crate::tokenize::keyed;
 
 const CHAT_PATH: &str = "/v1/chat/completions";
 
@@ -72,7 +72,7 @@ fn a_long_prompt_seen_before_is_decided_on_a_proved_guess() {
 }
 
 #[test]
-fn a_guess_the_cache_cannot_prove_is_analyzed_again() {
+fn a_new_prompt_that_begins_and_ends_as_one_seen_is_proved_by_its_validation() {
     on_a_fresh_thread(|| {
         let (p, mut host) = setup("");
         let first = chat(&two_messages(3000, 3000));
@@ -80,7 +80,7 @@ fn a_guess_the_cache_cannot_prove_is_analyzed_again() {
         reply(&p, &mut host, &mut x, 200, &tokenized(1000, 8192));
 
         // Another prompt of the same length that begins and ends as the first: the guess is
-        // made, and no count is stored for its key.
+        // made, no count is stored for its key, and the request validates: it is counted.
         let mut value = two_messages(3000, 3000);
         value.replace_range(1500..1504, "zzzz");
         let other = chat(&value);
@@ -147,32 +147,14 @@ fn a_wrong_guess_is_never_used() {
 }
 
 #[test]
-fn only_a_member_the_key_hashes_can_be_proved() {
-    let (p, _) = setup("");
-    // Two `messages` members: the key hashes one of them.
-    let body = format!(
-        r#"{{"model":"m","messages":{},"messages":{},"max_tokens":9}}"#,
-        two_messages(3000, 3000),
-        two_messages(5, 5)
-    );
-    let req = analyze_at(body.as_bytes(), p.config(), Endpoint::OpenAi).unwrap();
-    let keyed_members: Vec<usize> = (0..req.members.len()).filter(|&i| keyed(&req, i)).collect();
-    assert_eq!(
-        keyed_members,
-        vec![0, 2],
-        "the model and the last `messages`"
-    );
-}
-
-#[test]
 fn a_guessed_scan_that_reads_but_is_not_proved_is_analyzed_again() {
     on_a_fresh_thread(|| {
         let (p, mut host) = setup("");
-        // `messages` holds an object with a member named `tools`, and the request's own
-        // `tools` follows it.
+        // `messages` holds an object with members named `model` and `tools`, and the
+        // request's own `tools` follows it.
         let text = |c: &str| c.repeat(3000);
         let messages = format!(
-            r#"[{{"c":"{}"}},{{"n":[{{"c":"{}"}}],"tools":[{{"c":"{}"}}]}}]"#,
+            r#"[{{"c":"{}"}},{{"n":[{{"c":"{}"}}],"model":"evil","tools":[{{"c":"{}"}}]}}]"#,
             text("x"),
             text("y"),
             text("z")
@@ -184,24 +166,76 @@ fn a_guessed_scan_that_reads_but_is_not_proved_is_analyzed_again() {
         // to the end of `n`, and the inner `tools` up to the end of the request's `tools`.
         let b = body.as_bytes();
         let start = body.find(r#"[{"c":"x"#).unwrap();
-        let n_end = body.find(r#"],"tools""#).unwrap() + 1;
+        let n_end = body.find(r#"],"model":"evil""#).unwrap() + 1;
         let inner = body.find(r#"[{"c":"z"#).unwrap();
         let tools_end = body.find(r#","max_tokens""#).unwrap();
         crate::json::guess::learn(b, start, n_end);
         crate::json::guess::learn(b, inner, tools_end);
 
-        // On those guesses the body reads as a request whose `messages` and `tools` are not
-        // JSON values; no count is stored for its key, so it is analyzed again.
+        // On those guesses the body reads as a request for model `evil` whose `messages` and
+        // `tools` are not JSON values: no count is stored for its key and it does not
+        // validate, so it is analyzed again.
         let (guessed_req, guessed) = analyze_guessing(b, p.config(), Endpoint::OpenAi).unwrap();
-        assert_eq!(guessed, vec![1, 2]);
+        assert_eq!(guessed, vec![1, 3]);
         assert_eq!(guessed_req.members[1].value, start..n_end);
+        assert_eq!(guessed_req.model_name(b), "evil");
         let (mut x, step) = send(&p, &mut host, CHAT_PATH, &body);
         assert!(matches!(step, Step::Wait), "counted as the request it is");
         let sent = payloads(&host);
         assert_eq!(sent.len(), 1);
+        assert_eq!(sent[0]["model"], "m");
         assert_eq!(sent[0]["messages"].as_array().map(Vec::len), Some(2));
         assert_eq!(sent[0]["tools"][0]["c"], text("w"));
         let v = rewritten(reply(&p, &mut host, &mut x, 200, &tokenized(3000, 8192)));
         assert_eq!(v["max_tokens"], 8192 - 3000);
+    });
+}
+
+#[test]
+fn a_guessed_value_the_key_does_not_hash_is_validated_at_once() {
+    on_a_fresh_thread(|| {
+        let (p, mut host) = setup("");
+        // A request for model `evil` is counted and stored.
+        let evil =
+            r#"{"model":"evil","messages":[{"c":"q"}],"tools":[{"c":"r"}],"max_tokens":32768}"#;
+        let (mut x, _) = send(&p, &mut host, CHAT_PATH, evil);
+        reply(&p, &mut host, &mut x, 200, &tokenized(100, 8192));
+
+        // A request for model `m` whose first `messages` holds members named as the request's;
+        // a second `messages` and `tools` follow, the ones its key hashes.
+        let text = |c: &str| c.repeat(3000);
+        let messages = format!(
+            r#"[{{"c":"{}"}},{{"n":[{{"c":"{}"}}],"model":"evil","tools":[{{"c":"{}"}}]}}]"#,
+            text("x"),
+            text("y"),
+            text("z")
+        );
+        let tools = format!(r#"[{{"c":"{}"}}]"#, text("w"));
+        let body = format!(
+            r#"{{"model":"m","messages":{messages},"tools":{tools},"messages":[{{"c":"q"}}],"tools":[{{"c":"r"}}],"max_tokens":32768}}"#
+        );
+        let b = body.as_bytes();
+        let start = body.find(r#"[{"c":"x"#).unwrap();
+        let n_end = body.find(r#"],"model":"evil""#).unwrap() + 1;
+        let inner = body.find(r#"[{"c":"z"#).unwrap();
+        let tools_end = body.find(r#","messages":[{"c":"q"}]"#).unwrap();
+        crate::json::guess::learn(b, start, n_end);
+        crate::json::guess::learn(b, inner, tools_end);
+
+        // On the guesses it would read as the `evil` request (the same key), with the guessed
+        // members among those its key does not hash, which the count cannot vouch for: the
+        // analysis validates them at once, they are not JSON values, and the body is analyzed
+        // without guesses and counted as itself.
+        let (req, guessed) = analyze_guessing(b, p.config(), Endpoint::OpenAi).unwrap();
+        assert_eq!(guessed, Vec::<usize>::new());
+        assert_eq!(req.model_name(b), "m");
+        assert_eq!(req, analyze_at(b, p.config(), Endpoint::OpenAi).unwrap());
+        let (_, step) = send(&p, &mut host, CHAT_PATH, &body);
+        assert!(
+            matches!(step, Step::Wait),
+            "counted, not decided on the evil count"
+        );
+        assert_eq!(host.count(Metric::CacheHits), 0);
+        assert_eq!(payloads(&host)[1]["model"], "m");
     });
 }

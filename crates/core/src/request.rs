@@ -5,7 +5,7 @@ use super::caps::{parse_cap, CapField};
 use super::config::Config;
 use super::reason::Reason;
 use crate::dialect::{Endpoint, Form};
-use crate::json::scan::{is_value_at, scan_guessing, Member, ScanError, Scanned};
+use crate::json::scan::{is_value_at, scan_guessing, Member, ScanError};
 
 /// How the prompt will be counted.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -112,7 +112,7 @@ pub fn analyze(body: &[u8], config: &Config) -> Result<Request, Reason> {
 
 /// [`analyze`] for a request sent to `endpoint`.
 pub fn analyze_at(body: &[u8], config: &Config, endpoint: Endpoint) -> Result<Request, Reason> {
-    analyze_with(body, config, endpoint, false).map(|(req, _)| req)
+    analyze_with(body, config, endpoint, None)
 }
 
 /// [`analyze_at`], guessing where long skimmed values end (`json::guess`). With the request,
@@ -124,9 +124,13 @@ pub fn analyze_guessing(
     config: &Config,
     endpoint: Endpoint,
 ) -> Result<(Request, Vec<usize>), Reason> {
-    match analyze_with(body, config, endpoint, true) {
-        Ok(analyzed) => Ok(analyzed),
-        Err(_) => analyze_at(body, config, endpoint).map(|req| (req, Vec::new())),
+    let mut guessed = Vec::new();
+    match analyze_with(body, config, endpoint, Some(&mut guessed)) {
+        Ok(req) => Ok((req, guessed)),
+        Err(_) if !guessed.is_empty() => {
+            analyze_at(body, config, endpoint).map(|req| (req, Vec::new()))
+        }
+        Err(reason) => Err(reason),
     }
 }
 
@@ -134,13 +138,9 @@ fn analyze_with(
     body: &[u8],
     config: &Config,
     endpoint: Endpoint,
-    guesses: bool,
-) -> Result<(Request, Vec<usize>), Reason> {
-    let Scanned {
-        members,
-        skimmed: mut unchecked,
-        guessed,
-    } = scan_guessing(body, skimmed, guesses).map_err(|e| match e {
+    guessed: Option<&mut Vec<usize>>,
+) -> Result<Request, Reason> {
+    let (members, mut unchecked) = scan_guessing(body, skimmed, guessed).map_err(|e| match e {
         ScanError::NotJson => Reason::NotJson,
         ScanError::NotObject => Reason::NotObject,
     })?;
@@ -257,7 +257,7 @@ fn analyze_with(
         unchecked,
         omit_tools,
     };
-    Ok((req, guessed))
+    Ok(req)
 }
 
 impl Request {

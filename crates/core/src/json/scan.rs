@@ -61,42 +61,26 @@ pub fn scan_skimming(
     body: &[u8],
     skim: impl Fn(&str) -> bool,
 ) -> Result<(Vec<Member>, Vec<usize>), ScanError> {
-    scan_guessing(body, skim, false).map(|s| (s.members, s.skimmed))
+    scan_guessing(body, skim, None)
 }
 
-/// What [`scan_guessing`] found.
-pub struct Scanned {
-    pub members: Vec<Member>,
-    /// The members whose value was only skimmed (or its end guessed).
-    pub skimmed: Vec<usize>,
-    /// The members whose value's end was guessed.
-    pub guessed: Vec<usize>,
-}
-
-/// As `scan_skimming`; with `guesses`, a long skimmed value's end is guessed where it can be
-/// (`guess`), and `guessed` lists the members whose end was: the members are then right only
-/// if those guesses are proved (see `guess`).
+/// As `scan_skimming`; with `guessed`, a long skimmed value's end is guessed where it can be
+/// (`guess`), and the members whose end was are pushed to it, whether the scan then succeeds
+/// or not: the members are right only if those guesses are proved (see `guess`).
 pub fn scan_guessing(
     body: &[u8],
     skim: impl Fn(&str) -> bool,
-    guesses: bool,
-) -> Result<Scanned, ScanError> {
+    guessed: Option<&mut Vec<usize>>,
+) -> Result<(Vec<Member>, Vec<usize>), ScanError> {
     let start = skip_ws(body, 0);
-    let mut guessed = Vec::new();
-    let scanned = match body.get(start) {
-        Some(b'{') => members(body, start, &skim, guesses.then_some(&mut guessed))
-            .map_err(|_| ScanError::NotJson),
+    match body.get(start) {
+        Some(b'{') => members(body, start, &skim, guessed).map_err(|_| ScanError::NotJson),
         Some(_) => match skip_value(body, start) {
             Ok(end) if skip_ws(body, end) == body.len() => Err(ScanError::NotObject),
             _ => Err(ScanError::NotJson),
         },
         None => Err(ScanError::NotJson),
-    };
-    scanned.map(|(members, skimmed)| Scanned {
-        members,
-        skimmed,
-        guessed,
-    })
+    }
 }
 
 /// Whether `text` is exactly one JSON value (surrounding white space allowed). The filter

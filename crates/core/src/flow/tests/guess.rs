@@ -146,38 +146,44 @@ fn a_wrong_guess_is_never_used() {
     });
 }
 
+/// A request for model `m` whose `messages` holds an object with members named `model` (as
+/// `evil`) and `tools`, with the request's own long `tools` after it, then `rest`. This thread
+/// is taught two wrong spans of it, as if values that began and ended as they do had been
+/// read before: `messages` up to the end of the inner `n`, and the inner `tools` up to the end
+/// of the request's own. The body, and that wrong `messages` span.
+fn lookalike(rest: &str) -> (String, std::ops::Range<usize>) {
+    let text = |c: &str| c.repeat(3000);
+    let messages = format!(
+        r#"[{{"c":"{}"}},{{"n":[{{"c":"{}"}}],"model":"evil","tools":[{{"c":"{}"}}]}}]"#,
+        text("x"),
+        text("y"),
+        text("z")
+    );
+    let tools = format!(r#""tools":[{{"c":"{}"}}]"#, text("w"));
+    let body = format!(r#"{{"model":"m","messages":{messages},{tools}{rest}}}"#);
+    let b = body.as_bytes();
+    let start = body.find(r#"[{"c":"x"#).unwrap();
+    let n_end = body.find(r#"],"model":"evil""#).unwrap() + 1;
+    let inner = body.find(r#"[{"c":"z"#).unwrap();
+    let tools_end = body.find(&tools).unwrap() + tools.len();
+    crate::json::guess::learn(b, start, n_end);
+    crate::json::guess::learn(b, inner, tools_end);
+    (body, start..n_end)
+}
+
 #[test]
 fn a_guessed_scan_that_reads_but_is_not_proved_is_analyzed_again() {
     on_a_fresh_thread(|| {
         let (p, mut host) = setup("");
-        // `messages` holds an object with members named `model` and `tools`, and the
-        // request's own `tools` follows it.
-        let text = |c: &str| c.repeat(3000);
-        let messages = format!(
-            r#"[{{"c":"{}"}},{{"n":[{{"c":"{}"}}],"model":"evil","tools":[{{"c":"{}"}}]}}]"#,
-            text("x"),
-            text("y"),
-            text("z")
-        );
-        let tools = format!(r#"[{{"c":"{}"}}]"#, text("w"));
-        let body =
-            format!(r#"{{"model":"m","messages":{messages},"tools":{tools},"max_tokens":32768}}"#);
-        // Values seen before began and ended as two wrong spans of this body: `messages` up
-        // to the end of `n`, and the inner `tools` up to the end of the request's `tools`.
+        let (body, wrong) = lookalike(r#","max_tokens":32768"#);
         let b = body.as_bytes();
-        let start = body.find(r#"[{"c":"x"#).unwrap();
-        let n_end = body.find(r#"],"model":"evil""#).unwrap() + 1;
-        let inner = body.find(r#"[{"c":"z"#).unwrap();
-        let tools_end = body.find(r#","max_tokens""#).unwrap();
-        crate::json::guess::learn(b, start, n_end);
-        crate::json::guess::learn(b, inner, tools_end);
 
         // On those guesses the body reads as a request for model `evil` whose `messages` and
         // `tools` are not JSON values: no count is stored for its key and it does not
         // validate, so it is analyzed again.
         let (guessed_req, guessed) = analyze_guessing(b, p.config(), Endpoint::OpenAi).unwrap();
         assert_eq!(guessed, vec![1, 3]);
-        assert_eq!(guessed_req.members[1].value, start..n_end);
+        assert_eq!(guessed_req.members[1].value, wrong);
         assert_eq!(guessed_req.model_name(b), "evil");
         let (mut x, step) = send(&p, &mut host, CHAT_PATH, &body);
         assert!(matches!(step, Step::Wait), "counted as the request it is");
@@ -185,7 +191,7 @@ fn a_guessed_scan_that_reads_but_is_not_proved_is_analyzed_again() {
         assert_eq!(sent.len(), 1);
         assert_eq!(sent[0]["model"], "m");
         assert_eq!(sent[0]["messages"].as_array().map(Vec::len), Some(2));
-        assert_eq!(sent[0]["tools"][0]["c"], text("w"));
+        assert_eq!(sent[0]["tools"][0]["c"], "w".repeat(3000));
         let v = rewritten(reply(&p, &mut host, &mut x, 200, &tokenized(3000, 8192)));
         assert_eq!(v["max_tokens"], 8192 - 3000);
     });
@@ -201,26 +207,11 @@ fn a_guessed_value_the_key_does_not_hash_is_validated_at_once() {
         let (mut x, _) = send(&p, &mut host, CHAT_PATH, evil);
         reply(&p, &mut host, &mut x, 200, &tokenized(100, 8192));
 
-        // A request for model `m` whose first `messages` holds members named as the request's;
-        // a second `messages` and `tools` follow, the ones its key hashes.
-        let text = |c: &str| c.repeat(3000);
-        let messages = format!(
-            r#"[{{"c":"{}"}},{{"n":[{{"c":"{}"}}],"model":"evil","tools":[{{"c":"{}"}}]}}]"#,
-            text("x"),
-            text("y"),
-            text("z")
-        );
-        let tools = format!(r#"[{{"c":"{}"}}]"#, text("w"));
-        let body = format!(
-            r#"{{"model":"m","messages":{messages},"tools":{tools},"messages":[{{"c":"q"}}],"tools":[{{"c":"r"}}],"max_tokens":32768}}"#
-        );
+        // A lookalike with a second `messages` and `tools` after its own, the ones its key
+        // hashes: the same as the `evil` request's.
+        let (body, _) =
+            lookalike(r#","messages":[{"c":"q"}],"tools":[{"c":"r"}],"max_tokens":32768"#);
         let b = body.as_bytes();
-        let start = body.find(r#"[{"c":"x"#).unwrap();
-        let n_end = body.find(r#"],"model":"evil""#).unwrap() + 1;
-        let inner = body.find(r#"[{"c":"z"#).unwrap();
-        let tools_end = body.find(r#","messages":[{"c":"q"}]"#).unwrap();
-        crate::json::guess::learn(b, start, n_end);
-        crate::json::guess::learn(b, inner, tools_end);
 
         // On the guesses it would read as the `evil` request (the same key), with the guessed
         // members among those its key does not hash, which the count cannot vouch for: the

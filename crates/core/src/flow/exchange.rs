@@ -228,14 +228,16 @@ impl Exchange {
     /// once the guesses are proved (`count::prove`); otherwise it is analyzed again without
     /// guesses.
     fn prove(
-        &mut self,
+        &self,
         plugin: &Plugin,
         host: &mut dyn Host,
         req: Request,
         body: &[u8],
     ) -> Result<(Request, Option<count::Looked>), Reason> {
-        self.route = plugin.resolve(Some(&req.model_name(body)));
-        let mut ctx = self.ctx(plugin, host);
+        // The route the guessed request names, for its key only: the exchange's route is
+        // resolved once, from the request it goes on with.
+        let route = plugin.resolve(Some(&req.model_name(body)));
+        let mut ctx = plugin.ctx(route, host);
         match count::prove(&mut ctx, &req, body) {
             Some(looked) => Ok((req, Some(looked))),
             None => analyze_at(body, plugin.config(), self.endpoint).map(|req| (req, None)),

@@ -127,6 +127,12 @@ pub fn guess(body: &[u8], start: usize) -> Option<usize> {
         .flatten()
 }
 
+/// Forgets every value this thread remembers: a test starts from an empty table.
+#[cfg(test)]
+pub fn forget() {
+    TABLE.with(|t| *t.borrow_mut() = Table::new());
+}
+
 /// How many values this thread remembers (the tests hold it to the bound).
 #[cfg(test)]
 fn remembered() -> usize {

@@ -4,7 +4,7 @@
 pub use super::dialect::payload;
 use super::dialect::{responses, Form};
 use super::request::Request;
-use crate::digest::update_framed;
+use crate::digest::{digest, update_framed, update_framed_with};
 use serde_json::Value;
 use xxhash_rust::xxh3::Xxh3;
 
@@ -130,18 +130,37 @@ pub fn check_context(max_model_len: u64, context_length: Option<u64>) -> Result<
 /// slices, so a hit never builds the payload; a long one as its digest), the tokenizer route
 /// and C.
 pub fn cache_key(req: &Request, body: &[u8], route: &str, context_length: Option<u64>) -> u128 {
+    cache_key_with(req, body, route, context_length, &[])
+}
+
+/// A long member value whose digest (`digest::digest` of its bytes) was made before: its
+/// bytes need not be in the body the key is made from (a body read in part, `flow::partial`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Known {
+    pub span: std::ops::Range<usize>,
+    pub digest: u128,
+}
+
+/// [`cache_key`], a value whose span is `known` hashed as its known digest.
+pub fn cache_key_with(
+    req: &Request,
+    body: &[u8],
+    route: &str,
+    context_length: Option<u64>,
+    known: &[Known],
+) -> u128 {
     let f = &req.fields;
     let mut h = Xxh3::new();
-    let mut field = |tag: u8, bytes: &[u8]| {
+    let field = |h: &mut Xxh3, tag: u8, bytes: &[u8]| {
         h.update(&[tag]);
-        update_framed(&mut h, bytes);
+        update_framed(h, bytes);
     };
-    field(0, route.as_bytes());
-    field(1, &context_length.unwrap_or(0).to_le_bytes());
-    field(2, &[req.form as u8]);
+    field(&mut h, 0, route.as_bytes());
+    field(&mut h, 1, &context_length.unwrap_or(0).to_le_bytes());
+    field(&mut h, 2, &[req.form as u8]);
     if req.form == Form::Responses {
         for part in responses::key_parts(req, body) {
-            field(16, part);
+            field(&mut h, 16, part);
         }
         return h.digest128();
     }
@@ -165,9 +184,16 @@ pub fn cache_key(req: &Request, body: &[u8], route: &str, context_length: Option
         f.output_config,
     ];
     for (i, idx) in parts.into_iter().enumerate() {
-        match req.raw_bytes(body, idx) {
-            Some(bytes) => field(16 + i as u8, bytes),
-            None => field(64 + i as u8, b""),
+        let span = idx.and_then(|m| req.members.get(m)).map(|m| &m.value);
+        match span.and_then(|s| body.get(s.clone())) {
+            Some(bytes) => {
+                h.update(&[16 + i as u8]);
+                let made = known.iter().find(|k| Some(&k.span) == span);
+                update_framed_with(&mut h, bytes, |b| {
+                    made.map_or_else(|| digest(b), |k| k.digest)
+                });
+            }
+            None => field(&mut h, 64 + i as u8, b""),
         }
     }
     h.digest128()

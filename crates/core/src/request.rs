@@ -134,6 +134,19 @@ pub fn analyze_guessing(
     }
 }
 
+/// [`analyze_guessing`] of a body some of whose bytes were not read (`flow::partial`): the
+/// request as the guesses read it, and the members guessed; `None` when they do not read as
+/// one (never analyzed again without guesses: that would read what was not read).
+pub fn analyze_on_guesses(
+    body: &[u8],
+    config: &Config,
+    endpoint: Endpoint,
+) -> Option<(Request, Vec<usize>)> {
+    let mut guessed = Vec::new();
+    let req = analyze_with(body, config, endpoint, Some(&mut guessed)).ok()?;
+    Some((req, guessed))
+}
+
 fn analyze_with(
     body: &[u8],
     config: &Config,

@@ -87,24 +87,16 @@ fn cached(ctx: &mut Ctx, req: Request, body: Vec<u8>, looked: Option<Looked>) ->
             validated: false,
         }
     });
-    if let Some(stored) = stored {
-        // A count stored without the context length it came with (0) has none to check.
-        let window = Some(stored.max_model_len).filter(|c| *c > 0);
-        if window.is_none_or(|c| check_context(c, configured).is_ok()) {
-            ctx.count(Metric::CacheHits);
-            // The server's context length may have changed since the count was stored.
-            let window = match (window, configured) {
-                (Some(c), None) => ctx.fresh_context(&req.model_name(&body)).or(Some(c)),
-                _ => window,
-            };
-            let count = Count {
-                tokens: stored.count,
-                source: Source::Cache,
-                max_model_len: window,
-            };
-            return Next::Conclude(Verdict::decide(ctx, &req, body, count));
-        }
-    }
+    let body = match stored {
+        Some(stored) => match hit(ctx, &req, body, stored) {
+            Ok(verdict) => {
+                ctx.count(Metric::CacheHits);
+                return Next::Conclude(verdict);
+            }
+            Err(body) => body,
+        },
+        None => body,
+    };
     // What `analyze` only skimmed must validate, or the request passes unchanged.
     if !validated {
         if let Err(reason) = req.validate(&body) {
@@ -135,6 +127,33 @@ fn cached(ctx: &mut Ctx, req: Request, body: Vec<u8>, looked: Option<Looked>) ->
         }
         None => whole(ctx, pending),
     }
+}
+
+/// The decision on a stored count (the caller counts the hit), or the body back when the
+/// count's context length is not the one configured (then the request is counted again).
+pub fn hit(
+    ctx: &mut Ctx,
+    req: &Request,
+    body: Vec<u8>,
+    stored: Stored,
+) -> Result<Verdict, Vec<u8>> {
+    // A count stored without the context length it came with (0) has none to check.
+    let window = Some(stored.max_model_len).filter(|c| *c > 0);
+    let configured = ctx.config().context_length;
+    if window.is_some_and(|c| check_context(c, configured).is_err()) {
+        return Err(body);
+    }
+    // The server's context length may have changed since the count was stored.
+    let window = match (window, configured) {
+        (Some(c), None) => ctx.fresh_context(&req.model_name(&body)).or(Some(c)),
+        _ => window,
+    };
+    let count = Count {
+        tokens: stored.count,
+        source: Source::Cache,
+        max_model_len: window,
+    };
+    Ok(Verdict::decide(ctx, req, body, count))
 }
 
 /// Sends `call` for `pending`; the pending request back when it could not be sent.

@@ -15,6 +15,7 @@
 use super::conclude::Verdict;
 use super::count;
 use super::orphan::Orphan;
+use super::partial;
 use super::proof::TailNeeds;
 use super::route::{Ctx, RouteId};
 use super::{
@@ -205,7 +206,7 @@ impl Exchange {
         // filter counts the models the routes name).
         let analyzed = match analyze_guessing(&body, plugin.config(), self.endpoint) {
             Ok((req, guessed)) if guessed.is_empty() => Ok((req, None)),
-            Ok((req, _)) => self.prove(plugin, host, req, &body),
+            Ok((req, guessed)) => self.prove(plugin, host, req, &guessed, &body),
             Err(reason) => Err(reason),
         };
         let (req, found) = match analyzed {
@@ -224,14 +225,35 @@ impl Exchange {
         self.advance(&mut ctx, next)
     }
 
+    /// The complete body, read in part (`partial`): decided at once when it is a cache hit
+    /// that reads none of what was not read, as [`Exchange::on_body`] would decide the whole
+    /// body. `Err` with the bytes read: read the body whole and hand it to `on_body`.
+    pub fn on_partial(
+        &mut self,
+        plugin: &Plugin,
+        host: &mut dyn Host,
+        partial: partial::Partial,
+    ) -> Result<Step, Vec<u8>> {
+        let (route, verdict) = partial::decide(plugin, host, self.endpoint, partial)?;
+        self.route = route;
+        let mut ctx = self.ctx(plugin, host);
+        if let RouteId::Named(i) = self.route {
+            ctx.host.increment_route(i, Metric::Requests);
+        }
+        ctx.count(Metric::CacheHits);
+        Ok(self.conclude(&mut ctx, verdict))
+    }
+
     /// A request analyzed on guesses of where long values end (`json::guess`) is the request
-    /// once the guesses are proved (`count::prove`); otherwise it is analyzed again without
+    /// once the guesses are proved (`count::prove`), and where they lay is remembered for a
+    /// body of its length (`partial::layout`); otherwise it is analyzed again without
     /// guesses.
     fn prove(
         &self,
         plugin: &Plugin,
         host: &mut dyn Host,
         req: Request,
+        guessed: &[usize],
         body: &[u8],
     ) -> Result<(Request, Option<count::Looked>), Reason> {
         // The route the guessed request names, for its key only: the exchange's route is
@@ -239,7 +261,10 @@ impl Exchange {
         let route = plugin.resolve(Some(&req.model_name(body)));
         let mut ctx = plugin.ctx(route, host);
         match count::prove(&mut ctx, &req, body) {
-            Some(looked) => Ok((req, Some(looked))),
+            Some(looked) => {
+                partial::learn(&req, guessed, body.len(), plugin.config());
+                Ok((req, Some(looked)))
+            }
             None => analyze_at(body, plugin.config(), self.endpoint).map(|req| (req, None)),
         }
     }

@@ -8,7 +8,8 @@
 //!   each bounded;
 //! * one module per strategy: [`count`] (the cache, the exact count, the estimate),
 //!   [`context`] (learning C), [`proof`] (the byte and tail bounds), [`check`] (the count
-//!   after a skipped request), [`orphan`] (a call whose request is gone);
+//!   after a skipped request), [`orphan`] (a call whose request is gone), [`partial`] (a hit
+//!   decided on a body read in part);
 //! * [`conclude`]: every path ends in one [`conclude::Verdict`], which sets the report, the
 //!   counter and what the answer side needs together;
 //! * [`answer`]: the upstream's answer (docs/spec.md §13).
@@ -23,6 +24,7 @@ mod count;
 mod exchange;
 mod metric;
 mod orphan;
+pub mod partial;
 mod proof;
 mod route;
 mod store;
@@ -139,6 +141,11 @@ impl Rewrite {
     /// body when it fits there).
     pub fn head(&mut self) -> (usize, std::borrow::Cow<'_, [u8]>) {
         (self.edit.end, self.edit.write_head(&mut self.body))
+    }
+
+    /// The body as the filter read it, the edit not applied, and the edit.
+    pub fn into_parts(self) -> (Vec<u8>, Edit) {
+        (self.body, self.edit)
     }
 
     /// The edit over the body as it came, for a host that writes it in place.

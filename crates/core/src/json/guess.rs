@@ -21,7 +21,7 @@ use xxhash_rust::xxh3::xxh3_64;
 /// Values shorter than this are skimmed: a guess would save next to nothing.
 pub const MIN_LEN: usize = 4096;
 /// The bytes hashed at each end of a value.
-const EDGE: usize = 64;
+pub(crate) const EDGE: usize = 64;
 const SETS: usize = 64;
 const WAYS: usize = 8;
 

@@ -3,6 +3,7 @@
 mod answers;
 mod count;
 mod guess;
+mod partial;
 mod routes;
 mod skip;
 pub(crate) mod support;

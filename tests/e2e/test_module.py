@@ -3,7 +3,9 @@ real Envoy, in front of the e2e upstream and its scripted tokenizer.
 
 * a budgeted request is held until its count is back: nothing reaches the upstream before the
   decision, and the rewritten body goes with its own Content-Length (no buffer filter);
-* the same prompt again is decided from the shared table, without a call;
+* the same prompt again is decided from the shared table, without a call; a long one, seen
+  before by the worker, is decided on Envoy's slices (its long values hashed there, not copied
+  out) and goes upstream rewritten exactly as when read whole;
 * a request that is not budgeted passes byte for byte;
 * a configuration the module refuses stops Envoy, with a log line naming the field;
 * the module's imports are exactly what this Envoy exports, and it defines every hook Envoy
@@ -22,7 +24,8 @@ import time
 
 import pytest
 
-from tests.e2e.common import MAIN, Proxy, assert_rewritten, assert_unchanged, chat, dumps
+from tests.e2e.common import (MAIN, Proxy, assert_rewritten, assert_unchanged, chat, dumps,
+                              nonce)
 from tests.harness.envoy import MODULE, Envoy, EnvoyError, no_filter, validate
 from tests.harness.upstream import ok
 
@@ -95,6 +98,29 @@ def test_the_same_prompt_again_is_counted_from_the_shared_table(proxy, upstream)
     assert len(first.tokenize) == 1, first.describe()
     # Envoy runs two workers: each sees what the other stored.
     for _ in range(4):
+        again = proxy.post(body)
+        assert_rewritten(again, P, source="cache")
+        assert len(again.tokenize) == 0, again.describe()
+        assert again.delta == {"incontext_requests": 1, "incontext_rewritten": 1,
+                               "incontext_cache_hits": 1}, again.describe()
+
+
+@pytest.mark.parametrize("cap", [{"max_tokens": 100000}, {}], ids=["cap", "no-cap"])
+def test_a_long_prompt_again_is_decided_on_envoys_slices(proxy, upstream, cap):
+    """A prompt of about 200 KB with 12 KB of tools, sent again and again: each worker skims it
+    once, proves its guess on the next hit, then reads it in part (docs/module.md). Every
+    answer goes upstream rewritten exactly: in place with a cap, whole without one (the
+    appended cap does not fit in place, so the body is read whole to be written)."""
+    P = 3000
+    upstream.tokenizer.count(P)
+    text = "".join(f"line {i} of {nonce()}: the quick brown fox\n" for i in range(4000))
+    tool = {"type": "function", "function": {"name": "read", "description": "d" * 6000,
+                                             "parameters": {"type": "object"}}}
+    body = chat(content=text, tools=[tool, tool], **cap)
+    first = proxy.post(body)
+    assert_rewritten(first, P)
+    assert len(first.tokenize) == 1, first.describe()
+    for _ in range(10):
         again = proxy.post(body)
         assert_rewritten(again, P, source="cache")
         assert len(again.tokenize) == 0, again.describe()

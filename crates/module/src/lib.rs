@@ -9,6 +9,7 @@
 //! * `config`: a filter configuration: the plugin configuration JSON, its metrics;
 //! * `table`: the process-wide shared data (counts, anchors, learned windows);
 //! * `metrics`: counter and histogram ids;
+//! * `part`: a request body read from Envoy's slices in part (a long prompt's hit);
 //! * `splice`: a rewrite written over the body Envoy holds, in place;
 //! * `abi` (not in unit tests): Envoy's ABI, bound by hand, behind those traits, and the event
 //!   hooks Envoy calls; the one place with `unsafe` code.
@@ -33,6 +34,7 @@ pub mod calls;
 pub mod config;
 pub mod envoy;
 pub mod metrics;
+pub mod part;
 pub mod splice;
 pub mod stream;
 pub mod table;

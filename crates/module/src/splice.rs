@@ -18,7 +18,7 @@ use crate::envoy::{Body, Envoy};
 use incontext_core::rewrite::Edit;
 
 /// A body as Envoy's slices, in order, addressed as one run of bytes.
-struct Chunks<'a, 'b> {
+pub(crate) struct Chunks<'a, 'b> {
     chunks: &'a mut [&'b mut [u8]],
     /// Where each slice starts in the run.
     starts: Vec<usize>,
@@ -26,7 +26,7 @@ struct Chunks<'a, 'b> {
 }
 
 impl<'a, 'b> Chunks<'a, 'b> {
-    fn new(chunks: &'a mut [&'b mut [u8]]) -> Self {
+    pub(crate) fn new(chunks: &'a mut [&'b mut [u8]]) -> Self {
         let mut starts = Vec::with_capacity(chunks.len());
         let mut len = 0;
         for c in chunks.iter() {
@@ -114,13 +114,32 @@ impl<'a, 'b> Chunks<'a, 'b> {
     /// The bytes at `[from, to)`.
     fn read(&self, from: usize, to: usize) -> Vec<u8> {
         let mut out = Vec::with_capacity(to - from);
-        for (c, &s) in self.chunks.iter().zip(&self.starts) {
-            let (a, b) = (from.max(s), to.min(s + c.len()));
-            if a < b {
-                out.extend_from_slice(c.get(a - s..b - s).unwrap_or_default());
-            }
+        for piece in self.pieces(from, to) {
+            out.extend_from_slice(piece);
         }
         out
+    }
+
+    /// The bytes at `[from, to)`, as the parts of the slices they lie in, in order.
+    pub(crate) fn pieces(&self, from: usize, to: usize) -> impl Iterator<Item = &[u8]> {
+        let first = self
+            .starts
+            .partition_point(|&s| s <= from)
+            .saturating_sub(1);
+        self.chunks
+            .iter()
+            .zip(&self.starts)
+            .skip(first)
+            .take_while(move |(_, &s)| s < to)
+            .filter_map(move |(c, &s)| {
+                let (a, b) = (from.max(s), to.min(s + c.len()));
+                (a < b).then(|| c.get(a - s..b - s)).flatten()
+            })
+    }
+
+    /// The run's length.
+    pub(crate) fn len(&self) -> usize {
+        self.len
     }
 }
 
@@ -236,6 +255,21 @@ mod tests {
                 std::cmp::Ordering::Equal => {}
             });
             prop_assert_eq!(chunks.concat(), want);
+        }
+
+        #[test]
+        fn pieces_are_the_bytes_of_their_range(
+            body in prop::collection::vec(any::<u8>(), 1..200),
+            cuts in prop::collection::vec(any::<usize>(), 0..8),
+            a in any::<usize>(), b in any::<usize>(),
+        ) {
+            let len = body.len() + 1;
+            let (a, b) = (a % len, b % len);
+            let (from, to) = (a.min(b), a.max(b));
+            let mut chunks = chunked(&body, &cuts);
+            let got: Vec<u8> =
+                run(&mut chunks, |c| c.pieces(from, to).flatten().copied().collect());
+            prop_assert_eq!(got, &body[from..to]);
         }
 
         #[test]

@@ -8,8 +8,10 @@
 use crate::calls::Calls;
 use crate::envoy::{Body, Envoy, Headers};
 use crate::metrics::{Deferred, Metrics};
+use crate::part;
 use crate::splice::{self, Written};
 use crate::table::TABLE;
+use incontext_core::flow::partial;
 use incontext_core::flow::{
     Action, Call, Exchange, Histogram, Host, Metric, Plugin, Reply, RequestBodyStep, RequestHead,
     RequestHeadStep, Rewrite, Step, MAX_REPLY_BYTES,
@@ -115,6 +117,31 @@ impl Host for View<'_> {
     }
 }
 
+/// How the request body a step was decided on was read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum BodyRead {
+    Whole,
+    /// Without the interiors of its long values (`part`).
+    InPart,
+}
+
+/// A long prompt seen before, read in part and decided when it is a hit that reads none of
+/// what was not read (`incontext_core::flow::partial`); `None`: read it whole.
+fn in_part(exchange: &mut Exchange, plugin: &Plugin, view: &mut View, size: usize) -> Option<Step> {
+    let spans = partial::layout(size);
+    if spans.is_empty() {
+        return None;
+    }
+    let read = part::read(view.envoy, &spans)?;
+    match exchange.on_partial(plugin, view, read) {
+        Ok(step) => Some(step),
+        Err(buffer) => {
+            part::give_back(buffer);
+            None
+        }
+    }
+}
+
 /// What a step left the request as.
 enum Held {
     /// Still held: a call is out.
@@ -136,20 +163,42 @@ fn frame(envoy: &mut dyn Envoy) {
 
 /// Writes a rewrite over the held request's body (in place when it fits, else whole) and
 /// gives it its new Content-Length; `false` when Envoy refused (the body is then as it came,
-/// unless the Content-Length was refused after it).
-fn rewrite_body(envoy: &mut dyn Envoy, rewrite: Rewrite) -> bool {
-    let len = match splice::in_place(envoy, Body::Request, rewrite.edit()) {
-        Written::InPlace { len } => len,
-        Written::Failed => return false,
-        Written::NotInPlace => {
-            let body = rewrite.into_body();
-            if !envoy.replace_body(Body::Request, &body) {
-                return false;
+/// unless the Content-Length was refused after it). `read`: how the body was read.
+fn rewrite_body(envoy: &mut dyn Envoy, rewrite: Rewrite, read: BodyRead) -> bool {
+    let written = splice::in_place(envoy, Body::Request, rewrite.edit());
+    let body = match (written, read) {
+        (Written::InPlace { len }, _) => {
+            recycle(rewrite, read);
+            return set_length(envoy, len);
+        }
+        (Written::Failed, _) => {
+            recycle(rewrite, read);
+            return false;
+        }
+        (Written::NotInPlace, BodyRead::Whole) => rewrite.into_body(),
+        // What was read lacks the values' interiors: Envoy's body is as it came.
+        (Written::NotInPlace, BodyRead::InPart) => {
+            let whole = envoy.read_body(Body::Request);
+            let (buffer, edit) = rewrite.into_parts();
+            part::give_back(buffer);
+            match whole {
+                Some(whole) => edit.apply(&whole),
+                None => return false,
             }
-            body.len()
         }
     };
+    envoy.replace_body(Body::Request, &body) && set_length(envoy, body.len())
+}
+
+fn set_length(envoy: &mut dyn Envoy, len: usize) -> bool {
     envoy.set_header(Headers::Request, "content-length", Some(&len.to_string()))
+}
+
+/// A body read in part gives its buffer back for the next one (`part`).
+fn recycle(rewrite: Rewrite, read: BodyRead) {
+    if read == BodyRead::InPart {
+        part::give_back(rewrite.into_parts().0);
+    }
 }
 
 /// Hands the exchange the answer's bytes Envoy holds (what it buffered and, in a body
@@ -251,8 +300,9 @@ impl Stream {
         f(&mut self.exchange, &self.shared.plugin, &mut view)
     }
 
-    /// Applies a step, and tells the exchange whether Envoy applied it.
-    fn apply(&mut self, envoy: &mut dyn Envoy, step: Step) -> Held {
+    /// Applies a step decided on a body read as `read`, and tells the exchange whether Envoy
+    /// applied it.
+    fn apply(&mut self, envoy: &mut dyn Envoy, step: Step, read: BodyRead) -> Held {
         let length = self.length;
         self.with(envoy, |exchange, plugin, view| {
             let (held, applied) = match step {
@@ -264,7 +314,7 @@ impl Stream {
                     return Held::Go;
                 }
                 Step::Done(Action::Rewrite(rewrite)) => {
-                    let ok = rewrite_body(view.envoy, rewrite);
+                    let ok = rewrite_body(view.envoy, rewrite, read);
                     if !ok {
                         log::warn!("incontext: cannot replace the body");
                     }
@@ -341,19 +391,22 @@ impl Stream {
                 }
                 RequestBodyStep::Read => {}
             }
+            if let Some(step) = in_part(exchange, plugin, view, size) {
+                return Ok((step, BodyRead::InPart));
+            }
             let Some(body) = view.envoy.read_body(Body::Request) else {
                 log::warn!("incontext: cannot read the body");
                 exchange.on_host_error(plugin, view);
                 return Err(None);
             };
-            Ok(exchange.on_body(plugin, view, body))
+            Ok((exchange.on_body(plugin, view, body), BodyRead::Whole))
         });
-        let step = match read {
+        let (step, how) = match read {
             Ok(step) => step,
             Err(Some(status)) => return status,
             Err(None) => return self.pass(envoy, end_of_stream),
         };
-        match self.apply(envoy, step) {
+        match self.apply(envoy, step, how) {
             Held::Waiting => DataStatus::Buffer,
             Held::Go => DataStatus::Continue,
             Held::Answered => DataStatus::Stop,
@@ -391,7 +444,7 @@ impl Stream {
             exchange.on_reply(plugin, view, &reply)
         });
         if let Some(step) = step {
-            if let Held::Go = self.apply(envoy, step) {
+            if let Held::Go = self.apply(envoy, step, BodyRead::Whole) {
                 envoy.resume_request();
             }
         }

@@ -51,6 +51,8 @@ struct Fake {
     slice: usize,
     refuse_slices: bool,
     refuse_drain: bool,
+    /// How many times the request body was read whole (copied out of Envoy).
+    reads: usize,
 }
 
 impl Fake {
@@ -90,6 +92,7 @@ impl Envoy for Fake {
         self.body(body).len()
     }
     fn read_body(&mut self, body: Body) -> Option<Vec<u8>> {
+        self.reads += usize::from(body == Body::Request);
         Some(self.body(body).clone())
     }
     fn replace_body(&mut self, body: Body, data: &[u8]) -> bool {
@@ -541,3 +544,4 @@ fn a_rewritten_request_without_a_length_gets_its_new_one() {
 
 mod in_place;
 mod later;
+mod part;

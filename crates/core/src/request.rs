@@ -5,7 +5,7 @@ use super::caps::{parse_cap, CapField};
 use super::config::Config;
 use super::reason::Reason;
 use crate::dialect::{Endpoint, Form};
-use crate::json::scan::{is_value_at, scan_guessing, Member, ScanError};
+use crate::json::scan::{is_value_at, scan_guessing, Guesses, Member, ScanError};
 
 /// How the prompt will be counted.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -125,7 +125,11 @@ pub fn analyze_guessing(
     endpoint: Endpoint,
 ) -> Result<(Request, Vec<usize>), Reason> {
     let mut guessed = Vec::new();
-    match analyze_with(body, config, endpoint, Some(&mut guessed)) {
+    let mut guesses = Guesses {
+        found: &mut guessed,
+        known: None,
+    };
+    match analyze_with(body, config, endpoint, Some(&mut guesses)) {
         Ok(req) => Ok((req, guessed)),
         Err(_) if !guessed.is_empty() => {
             analyze_at(body, config, endpoint).map(|req| (req, Vec::new()))
@@ -134,16 +138,22 @@ pub fn analyze_guessing(
     }
 }
 
-/// [`analyze_guessing`] of a body some of whose bytes were not read (`flow::partial`): the
-/// request as the guesses read it, and the members guessed; `None` when they do not read as
-/// one (never analyzed again without guesses: that would read what was not read).
-pub fn analyze_on_guesses(
+/// [`analyze_guessing`] of a body some of whose bytes were not read (`flow::partial`), a value
+/// that starts where one of `known` starts guessed to end where it ends, no other guessed:
+/// the request as the guesses read it, and the members guessed; `None` when they do not read
+/// as one (never analyzed again without guesses: that would read what was not read).
+pub fn analyze_on_known(
     body: &[u8],
     config: &Config,
     endpoint: Endpoint,
+    known: &[std::ops::Range<usize>],
 ) -> Option<(Request, Vec<usize>)> {
     let mut guessed = Vec::new();
-    let req = analyze_with(body, config, endpoint, Some(&mut guessed)).ok()?;
+    let mut guesses = Guesses {
+        found: &mut guessed,
+        known: Some(known),
+    };
+    let req = analyze_with(body, config, endpoint, Some(&mut guesses)).ok()?;
     Some((req, guessed))
 }
 
@@ -151,7 +161,7 @@ fn analyze_with(
     body: &[u8],
     config: &Config,
     endpoint: Endpoint,
-    guessed: Option<&mut Vec<usize>>,
+    guessed: Option<&mut Guesses>,
 ) -> Result<Request, Reason> {
     let (members, mut unchecked) = scan_guessing(body, skimmed, guessed).map_err(|e| match e {
         ScanError::NotJson => Reason::NotJson,

@@ -10,9 +10,11 @@
 //!
 //! The body is then decided here only when nothing on the way reads an uncopied byte:
 //!
-//! * the analysis on guesses guesses exactly those values, and they are the ones the key
-//!   hashes (a guess jumps over a value; a skim, a duplicate's validation, or a guess that
-//!   ends elsewhere would read inside one);
+//! * the analysis guesses that each of those values ends where it ended in the remembered
+//!   body, and guesses nothing else (this thread's table of guesses is not consulted: a
+//!   guess it offers for a value of another length would read inside one); the values it
+//!   jumps are exactly those, and they are the ones the key hashes (a skim, or a duplicate's
+//!   validation, would read inside one);
 //! * the dialect is chat, completions or Anthropic Messages, counted by the tokenizer, with no
 //!   `truncate_prompt_tokens` (whose check reads every message) and `estimate_constrained`
 //!   off (whose check reads into `tools`);
@@ -22,8 +24,9 @@
 //!   which the host moves within its own slices).
 //!
 //! Otherwise the body comes back and the host reads it whole. The guesses are proved as on a
-//! whole body (`count::prove`): the key hashes the value's own bytes, and a count is stored
-//! only for a request whose values were validated. So a body read in part decides exactly as
+//! whole body (`count::prove`): the key hashes each value's own bytes (the digest the host
+//! made), and a count is stored only for a request whose values were validated, so each
+//! guessed span holds one whole JSON value. So a body read in part decides exactly as
 //! the whole body does; the tests hold the two to the same steps with the interiors filled
 //! with anything.
 //!
@@ -35,7 +38,7 @@ use super::route::{Plugin, RouteId};
 use super::Host;
 use crate::config::Config;
 use crate::dialect::{Endpoint, Form};
-use crate::request::{analyze_on_guesses, Counting, Request};
+use crate::request::{analyze_on_known, Counting, Request};
 use crate::rewrite::Edit;
 use crate::tokenize::cache_key_with;
 pub use crate::tokenize::Known;
@@ -181,7 +184,8 @@ pub(super) fn decide(
 ) -> Result<(RouteId, Verdict), Vec<u8>> {
     let Partial { body, values } = partial;
     let len = body.len();
-    let Some((req, guessed)) = analyze_on_guesses(&body, plugin.config(), endpoint) else {
+    let spans: Vec<Range<usize>> = values.iter().map(|k| k.span.clone()).collect();
+    let Some((req, guessed)) = analyze_on_known(&body, plugin.config(), endpoint, &spans) else {
         return Err(body);
     };
     if !(edges_suffice(&req, plugin.config()) && jumped(&req, &guessed, &values)) {

@@ -64,13 +64,37 @@ pub fn scan_skimming(
     scan_guessing(body, skim, None)
 }
 
+/// Where skimmed values are guessed to end, and which were.
+#[derive(Debug)]
+pub struct Guesses<'a> {
+    /// The members whose end was guessed.
+    pub found: &'a mut Vec<usize>,
+    /// `None`: guess from this thread's table (`guess`). `Some`: a value that starts where one
+    /// of these spans starts ends where it ends (a body read in part, `flow::partial`), and
+    /// no other is guessed (the table's guesses could read bytes that were not read).
+    pub known: Option<&'a [std::ops::Range<usize>]>,
+}
+
+impl Guesses<'_> {
+    fn end(&self, body: &[u8], start: usize) -> Option<usize> {
+        match self.known {
+            None => guess::guess(body, start),
+            Some(spans) => spans
+                .iter()
+                .find(|s| s.start == start)
+                .map(|s| s.end)
+                .filter(|&end| matches!(body.get(end.wrapping_sub(1)), Some(b']' | b'}'))),
+        }
+    }
+}
+
 /// As `scan_skimming`; with `guessed`, a long skimmed value's end is guessed where it can be
-/// (`guess`), and the members whose end was are pushed to it, whether the scan then succeeds
-/// or not: the members are right only if those guesses are proved (see `guess`).
+/// ([`Guesses`]), and the members whose end was are pushed to it, whether the scan then
+/// succeeds or not: the members are right only if those guesses are proved (see `guess`).
 pub fn scan_guessing(
     body: &[u8],
     skim: impl Fn(&str) -> bool,
-    guessed: Option<&mut Vec<usize>>,
+    guessed: Option<&mut Guesses>,
 ) -> Result<(Vec<Member>, Vec<usize>), ScanError> {
     let start = skip_ws(body, 0);
     match body.get(start) {
@@ -130,7 +154,7 @@ fn members(
     body: &[u8],
     open: usize,
     skim: &impl Fn(&str) -> bool,
-    mut guessed: Option<&mut Vec<usize>>,
+    mut guessed: Option<&mut Guesses>,
 ) -> Parse<Members> {
     let mut out = Vec::new();
     let mut skimmed = Vec::new();
@@ -153,9 +177,9 @@ fn members(
         let value_end = if matches!(body.get(value_start), Some(b'[' | b'{')) && skim(&key) {
             skimmed.push(out.len());
             let guessed_end = guessed.as_deref_mut().and_then(|g| {
-                let end = guess::guess(body, value_start);
+                let end = g.end(body, value_start);
                 if end.is_some() {
-                    g.push(out.len());
+                    g.found.push(out.len());
                 }
                 end
             });

@@ -54,7 +54,8 @@ const VALUES: usize = 2;
 /// A request body, the interiors of some long values not read.
 #[derive(Debug)]
 pub struct Partial {
-    /// The body's bytes, those in each value's [`hole`] left as the host found them (zeros).
+    /// The body's bytes; those in each value's [`hole`] are whatever the host's buffer held
+    /// (nothing here reads them).
     pub body: Vec<u8>,
     /// The values whose interiors were not read, each with the digest of its bytes
     /// (`digest::digest`, made over the host's slices).

@@ -90,14 +90,19 @@ def test_a_request_is_held_until_its_count_then_rewritten(proxy, upstream, envoy
 
 
 def test_the_same_prompt_again_is_counted_from_the_shared_table(proxy, upstream):
+    # Envoy runs two workers: each sees what the other stored.
+    counted_once_then_hits(proxy, upstream, chat(max_tokens=100000), 4)
+
+
+def counted_once_then_hits(proxy, upstream, body, repeats):
+    """``body`` is counted once (2000 tokens), then decided from the table ``repeats`` times,
+    each rewritten exactly as the first, with no call."""
     P = 2000
     upstream.tokenizer.count(P)
-    body = chat(max_tokens=100000)
     first = proxy.post(body)
     assert_rewritten(first, P)
     assert len(first.tokenize) == 1, first.describe()
-    # Envoy runs two workers: each sees what the other stored.
-    for _ in range(4):
+    for _ in range(repeats):
         again = proxy.post(body)
         assert_rewritten(again, P, source="cache")
         assert len(again.tokenize) == 0, again.describe()
@@ -111,21 +116,10 @@ def test_a_long_prompt_again_is_decided_on_envoys_slices(proxy, upstream, cap):
     once, proves its guess on the next hit, then reads it in part (docs/module.md). Every
     answer goes upstream rewritten exactly: in place with a cap, whole without one (the
     appended cap does not fit in place, so the body is read whole to be written)."""
-    P = 3000
-    upstream.tokenizer.count(P)
     text = "".join(f"line {i} of {nonce()}: the quick brown fox\n" for i in range(4000))
     tool = {"type": "function", "function": {"name": "read", "description": "d" * 6000,
                                              "parameters": {"type": "object"}}}
-    body = chat(content=text, tools=[tool, tool], **cap)
-    first = proxy.post(body)
-    assert_rewritten(first, P)
-    assert len(first.tokenize) == 1, first.describe()
-    for _ in range(10):
-        again = proxy.post(body)
-        assert_rewritten(again, P, source="cache")
-        assert len(again.tokenize) == 0, again.describe()
-        assert again.delta == {"incontext_requests": 1, "incontext_rewritten": 1,
-                               "incontext_cache_hits": 1}, again.describe()
+    counted_once_then_hits(proxy, upstream, chat(content=text, tools=[tool, tool], **cap), 10)
 
 
 def test_a_request_that_is_not_budgeted_passes_as_it_came(proxy, upstream):

@@ -5,7 +5,8 @@ use super::caps::{parse_cap, CapField};
 use super::config::Config;
 use super::reason::Reason;
 use crate::dialect::{Endpoint, Form};
-use crate::json::scan::{is_value_at, scan_guessing, Guesses, Member, ScanError};
+use crate::json::guess::Guesses;
+use crate::json::scan::{is_value_at, scan_guessing, Member, ScanError};
 
 /// How the prompt will be counted.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -127,6 +127,30 @@ pub fn guess(body: &[u8], start: usize) -> Option<usize> {
         .flatten()
 }
 
+/// Where skimmed values are guessed to end, and which were.
+#[derive(Debug)]
+pub struct Guesses<'a> {
+    /// The members whose end was guessed.
+    pub found: &'a mut Vec<usize>,
+    /// `None`: guess from this thread's table (`guess`). `Some`: a value that starts where one
+    /// of these spans starts ends where it ends (a body read in part, `flow::partial`), and
+    /// no other is guessed (the table's guesses could read bytes that were not read).
+    pub known: Option<&'a [std::ops::Range<usize>]>,
+}
+
+impl Guesses<'_> {
+    pub(crate) fn end(&self, body: &[u8], start: usize) -> Option<usize> {
+        match self.known {
+            None => guess(body, start),
+            Some(spans) => spans
+                .iter()
+                .find(|s| s.start == start)
+                .map(|s| s.end)
+                .filter(|&end| matches!(body.get(end.wrapping_sub(1)), Some(b']' | b'}'))),
+        }
+    }
+}
+
 /// Forgets every value this thread remembers: a test starts from an empty table.
 #[cfg(test)]
 pub fn forget() {

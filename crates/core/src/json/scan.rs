@@ -8,7 +8,7 @@
 //! prompt — are skipped 8 bytes at a time (16 with wasm `simd128`), which is several times
 //! faster than serde_json's byte-by-byte `RawValue` scan.
 
-use crate::json::guess;
+use crate::json::guess::{self, Guesses};
 use crate::json::skim::container_end;
 use std::ops::Range;
 
@@ -62,30 +62,6 @@ pub fn scan_skimming(
     skim: impl Fn(&str) -> bool,
 ) -> Result<(Vec<Member>, Vec<usize>), ScanError> {
     scan_guessing(body, skim, None)
-}
-
-/// Where skimmed values are guessed to end, and which were.
-#[derive(Debug)]
-pub struct Guesses<'a> {
-    /// The members whose end was guessed.
-    pub found: &'a mut Vec<usize>,
-    /// `None`: guess from this thread's table (`guess`). `Some`: a value that starts where one
-    /// of these spans starts ends where it ends (a body read in part, `flow::partial`), and
-    /// no other is guessed (the table's guesses could read bytes that were not read).
-    pub known: Option<&'a [std::ops::Range<usize>]>,
-}
-
-impl Guesses<'_> {
-    fn end(&self, body: &[u8], start: usize) -> Option<usize> {
-        match self.known {
-            None => guess::guess(body, start),
-            Some(spans) => spans
-                .iter()
-                .find(|s| s.start == start)
-                .map(|s| s.end)
-                .filter(|&end| matches!(body.get(end.wrapping_sub(1)), Some(b']' | b'}'))),
-        }
-    }
 }
 
 /// As `scan_skimming`; with `guessed`, a long skimmed value's end is guessed where it can be

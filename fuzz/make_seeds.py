@@ -5,6 +5,8 @@ body_rewrite inputs start with a 6-byte header (see fuzz/README.md): flags, a u3
 (little endian) and a max_model_len / learned selector; the request body follows.
 tokenize_reply inputs start with 2 bytes: status selector, context-length selector.
 bound, stop_reason and window_errors inputs start with a header too (see fuzz/README.md).
+Inputs kept by hand (a crash's reproducer, seeds written before this script knew their shape)
+are listed in KEPT and survive a rerun.
 """
 import json
 import pathlib
@@ -12,6 +14,13 @@ import shutil
 import struct
 
 ROOT = pathlib.Path(__file__).resolve().parent / "seeds"
+
+KEPT = [
+    "body_rewrite/anthropic-thinking-lowered",
+    "body_rewrite/anthropic-thinking-none-valid",
+    "body_rewrite/anthropic-tools",
+    "tokenize_reply/invalid-utf8-in-ignored-member",
+]
 
 EXACT, CACHE, ESTIMATE = 0, 1, 2
 CFG_C, CFG_REJECT, CFG_LEARNED, CFG_WINDOW = 0, 1, 2, 3
@@ -213,6 +222,9 @@ BOUND = [
     # Not messages: an array of a message's fields, a content part that is an array.
     (False, 0, 0, '\t["assistant"]\t'),
     (True, 0, 5, '{"messages":[{"role":"user","content":[["text"]]}],"max_tokens":9}'),
+    # A number past what a double holds is JSON all the same.
+    (True, 0, 5, '{"messages":[{"role":"assistant","content":[{"type":"tool_use","id":"t","name":"n",'
+                 '"input":{"x":1e400}}]}],"max_tokens":9}'),
 ]
 
 STOP_JSON = ('{"id":"msg_1","type":"message","role":"assistant","content":[{"type":"text","text":'
@@ -296,7 +308,11 @@ def write(target, name, data):
 
 
 def main():
+    kept = {name: (ROOT / name).read_bytes() for name in KEPT}
     shutil.rmtree(ROOT, ignore_errors=True)
+    for name, data in kept.items():
+        target, file = name.split("/")
+        write(target, file, data)
     for name, (h, body) in BODIES.items():
         write("body_rewrite", name, h + body.encode())
     for i, c in enumerate(CAPS):

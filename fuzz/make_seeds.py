@@ -225,6 +225,9 @@ BOUND = [
     # A number past what a double holds is JSON all the same.
     (True, 0, 5, '{"messages":[{"role":"assistant","content":[{"type":"tool_use","id":"t","name":"n",'
                  '"input":{"x":1e400}}]}],"max_tokens":9}'),
+    (True, 1, 5, '{"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":[{"type":"text",'
+                 '"text":"<think>a</think>b"},{"type":"tool_use","id":"t","name":"n","input":{"x":1e400}}]}],'
+                 '"max_tokens":9}'),
 ]
 
 STOP_JSON = ('{"id":"msg_1","type":"message","role":"assistant","content":[{"type":"text","text":'

@@ -185,7 +185,7 @@ pub struct Entry {
 
 /// The shared-data key of the slot for `link`.
 pub fn slot_key(link: u128, entries: u32) -> String {
-    format!("{PREFIX}{}", link % u128::from(entries.max(1)))
+    format!("{PREFIX}{}", crate::cache::slot(link, entries))
 }
 
 pub fn encode(link: u128, e: Entry) -> [u8; 25] {

@@ -10,7 +10,15 @@ const PREFIX: &str = "incontext.v1.";
 
 /// The shared-data key of the slot for `hash`.
 pub fn slot_key(hash: u128, entries: u32) -> String {
-    format!("{PREFIX}count.{}", hash % u128::from(entries.max(1)))
+    format!("{PREFIX}count.{}", slot(hash, entries))
+}
+
+/// The slot of `hash` in a table of `entries` slots (at least one), as a number that prints
+/// fast.
+pub fn slot(hash: u128, entries: u32) -> u32 {
+    let n = entries.max(1);
+    // Below `n`, so it fits.
+    u32::try_from(hash % u128::from(n)).unwrap_or_default()
 }
 
 /// The shared-data key of the context length learned for `model` behind the tokenizer route

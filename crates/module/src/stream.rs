@@ -162,14 +162,20 @@ fn frame(envoy: &mut dyn Envoy) {
 }
 
 /// Writes a rewrite over the held request's body (in place when it fits, else whole) and
-/// gives it its new Content-Length; `false` when Envoy refused (the body is then as it came,
-/// unless the Content-Length was refused after it). `read`: how the body was read.
-fn rewrite_body(envoy: &mut dyn Envoy, rewrite: Rewrite, read: BodyRead) -> bool {
+/// gives it its new Content-Length (none to write when the request declared that length);
+/// `false` when Envoy refused (the body is then as it came, unless the Content-Length was
+/// refused after it). `read`: how the body was read.
+fn rewrite_body(
+    envoy: &mut dyn Envoy,
+    rewrite: Rewrite,
+    read: BodyRead,
+    declared: Option<usize>,
+) -> bool {
     let written = splice::in_place(envoy, Body::Request, rewrite.edit());
     let body = match (written, read) {
         (Written::InPlace { len }, _) => {
             recycle(rewrite, read);
-            return set_length(envoy, len);
+            return declared == Some(len) || set_length(envoy, len);
         }
         (Written::Failed, _) => {
             recycle(rewrite, read);
@@ -237,6 +243,8 @@ pub struct Stream {
     exchange: Exchange,
     /// The request came with a content-length (else, held, it gets one when it goes on).
     length: bool,
+    /// Its value, when it is a length.
+    declared: Option<usize>,
     /// The request head is held: the request goes on whole, once it has ended.
     held: bool,
     /// A panic was caught: everything passes as it comes.
@@ -251,6 +259,7 @@ impl Stream {
             shared,
             exchange: Exchange::new(),
             length: false,
+            declared: None,
             held: false,
             broken: false,
             later: false,
@@ -303,7 +312,7 @@ impl Stream {
     /// Applies a step decided on a body read as `read`, and tells the exchange whether Envoy
     /// applied it.
     fn apply(&mut self, envoy: &mut dyn Envoy, step: Step, read: BodyRead) -> Held {
-        let length = self.length;
+        let (length, declared) = (self.length, self.declared);
         self.with(envoy, |exchange, plugin, view| {
             let (held, applied) = match step {
                 Step::Wait => return Held::Waiting,
@@ -314,7 +323,7 @@ impl Stream {
                     return Held::Go;
                 }
                 Step::Done(Action::Rewrite(rewrite)) => {
-                    let ok = rewrite_body(view.envoy, rewrite, read);
+                    let ok = rewrite_body(view.envoy, rewrite, read, declared);
                     if !ok {
                         log::warn!("incontext: cannot replace the body");
                     }
@@ -348,6 +357,7 @@ impl Stream {
             read("content-length"),
         );
         self.length = length.is_some();
+        self.declared = length.as_deref().and_then(|l| l.parse().ok());
         let head = RequestHead {
             method: method.as_deref(),
             path: path.as_deref(),

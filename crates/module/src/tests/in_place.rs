@@ -97,6 +97,29 @@ fn a_cap_replaced_by_one_as_long_is_written_over_its_digits_alone() {
 }
 
 #[test]
+fn a_rewrite_in_place_sets_the_content_length_only_when_it_changes() {
+    // (cap as sent, the Content-Length it declares is kept, request headers set)
+    for (k, (cap, kept, sets)) in [("32000", true, 0), ("100000", false, 1)]
+        .into_iter()
+        .enumerate()
+    {
+        let body = format!(
+            r#"{{"model": "m", "messages": [{{"role": "user", "content": "length {k}"}}], "max_tokens": {cap}}}"#
+        );
+        let (f, _) = rewritten(body.as_bytes(), 7, |_| {});
+        let sent: serde_json::Value = serde_json::from_slice(&f.request_body).unwrap();
+        assert_eq!(sent["max_tokens"], 32768 - 1000, "cap {cap}");
+        assert_eq!(f.request_body.len() == body.len(), kept, "cap {cap}");
+        assert_eq!(
+            header(&f.request_headers, "content-length"),
+            Some(f.request_body.len().to_string().as_str()),
+            "cap {cap}"
+        );
+        assert_eq!(f.request_sets, sets, "cap {cap}");
+    }
+}
+
+#[test]
 fn a_rewrite_that_does_not_fit_in_place_replaces_the_body_whole() {
     // No cap: `max_tokens` is written where there was none.
     let body = serde_json::to_vec(&serde_json::json!({

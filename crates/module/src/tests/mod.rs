@@ -53,6 +53,8 @@ struct Fake {
     refuse_drain: bool,
     /// How many times the request body was read whole (copied out of Envoy).
     reads: usize,
+    /// How many times a request header was set or removed.
+    request_sets: usize,
 }
 
 impl Fake {
@@ -77,6 +79,7 @@ impl Envoy for Fake {
         map.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone())
     }
     fn set_header(&mut self, map: Headers, name: &str, value: Option<&str>) -> bool {
+        self.request_sets += usize::from(map == Headers::Request);
         let map = self.map(map);
         map.retain(|(k, _)| k != name);
         if let Some(v) = value {

@@ -68,6 +68,7 @@ pub fn read(envoy: &mut dyn Envoy, spans: &[Range<usize>]) -> Option<Partial> {
         let mut at = 0;
         for h in holes.iter().chain([&(len..len)]) {
             if !copy(&run, at..h.start, &mut body) {
+                give_back(body);
                 return;
             }
             at = h.end;

@@ -129,7 +129,7 @@ fn check_message(form: Form, raw: &[u8]) {
                 show(raw)
             );
             assert!(b >= raw.len() as u64 + MESSAGE, "bound {b}: {}", show(raw));
-            check_role(form, raw, role_of(raw).as_deref());
+            check_role(form, raw, bare_role(raw).as_deref());
             return;
         }
     };
@@ -154,17 +154,22 @@ fn check_role(form: Form, raw: &[u8], role: Option<&str>) {
     assert!(roles.contains(&role), "role {role}: {}", show(raw));
 }
 
+/// A message's role.
+fn role_of(raw: &[u8]) -> Option<String> {
+    match serde_json::from_slice::<Value>(raw) {
+        Ok(v) => v["role"].as_str().map(str::to_string),
+        Err(_) => bare_role(raw),
+    }
+}
+
 /// A message's role, read without the rest of it: a `Value` cannot hold every JSON number
 /// (`1e400`), a message with one still has a role.
-fn role_of(raw: &[u8]) -> Option<String> {
+fn bare_role(raw: &[u8]) -> Option<String> {
     #[derive(serde::Deserialize)]
     struct Role {
         role: Option<String>,
     }
-    match serde_json::from_slice::<Value>(raw) {
-        Ok(v) => v["role"].as_str().map(str::to_string),
-        Err(_) => serde_json::from_slice::<Role>(raw).ok()?.role,
-    }
+    serde_json::from_slice::<Role>(raw).ok()?.role
 }
 
 fn restyles(raw: &[u8]) -> bool {
@@ -225,9 +230,9 @@ fn check_request(data: &[u8], body: &[u8]) {
     let b = got.expect("checked");
     let new = &raws[k..];
     let alone = !new.is_empty()
-        && !new.iter().any(|r| {
-            restyles(r) && role_of(r).as_deref() == Some("assistant")
-        });
+        && !new
+            .iter()
+            .any(|r| restyles(r) && role_of(r).as_deref() == Some("assistant"));
     let Some(tail) = b.tail else {
         assert!(
             !alone,

@@ -175,7 +175,7 @@ fn rewrite_body(
     let body = match (written, read) {
         (Written::InPlace { len }, _) => {
             recycle(rewrite, read);
-            return declared == Some(len) || set_length(envoy, len);
+            return set_length(envoy, len, declared);
         }
         (Written::Failed, _) => {
             recycle(rewrite, read);
@@ -193,11 +193,13 @@ fn rewrite_body(
             }
         }
     };
-    envoy.replace_body(Body::Request, &body) && set_length(envoy, body.len())
+    envoy.replace_body(Body::Request, &body) && set_length(envoy, body.len(), declared)
 }
 
-fn set_length(envoy: &mut dyn Envoy, len: usize) -> bool {
-    envoy.set_header(Headers::Request, "content-length", Some(&len.to_string()))
+/// Gives the request's body its length: nothing to write when its Content-Length declared it.
+fn set_length(envoy: &mut dyn Envoy, len: usize, declared: Option<usize>) -> bool {
+    declared == Some(len)
+        || envoy.set_header(Headers::Request, "content-length", Some(&len.to_string()))
 }
 
 /// A body read in part gives its buffer back for the next one (`part`).

@@ -115,7 +115,7 @@ fn seed(req: &Request, body: &[u8], scope: &str, context_length: Option<u64>) ->
     field(&context_length.unwrap_or(0).to_le_bytes());
     field(&[req.form as u8]);
     for (i, m) in req.members.iter().enumerate() {
-        if Some(i) == req.fields.messages || unrelated(&m.key) {
+        if Some(i) == req.form.conversation(&req.fields) || unrelated(&m.key) {
             continue;
         }
         field(m.key.as_bytes());
@@ -151,27 +151,35 @@ fn objects(body: &[u8], range: Range<usize>) -> Option<Vec<Range<usize>>> {
     }
 }
 
-/// The chain of a chat or Anthropic request whose body was validated; `None` when its
-/// messages are not an array of objects.
+/// The chain of a chat, Anthropic or Responses request whose body was validated; `None` when
+/// its messages (input items) are not an array of objects. Each link hashes its message's
+/// canonical form (`dialect::canonical`): a message the client writes again in another form
+/// that the server renders alike keeps its link.
 pub fn chain(
     req: &Request,
     body: &[u8],
     scope: &str,
     context_length: Option<u64>,
 ) -> Option<Chain> {
-    let range = req.members.get(req.fields.messages?)?.value.clone();
+    let range = req
+        .members
+        .get(req.form.conversation(&req.fields)?)?
+        .value
+        .clone();
     let items = objects(body, range)?;
+    let canon = req.form.canon();
     let mut link = seed(req, body, scope, context_length);
-    let links = items
-        .iter()
-        .map(|r| {
-            let mut h = Xxh3::new();
-            h.update(&link.to_le_bytes());
-            update_framed(&mut h, body.get(r.clone()).unwrap_or_default());
-            link = h.digest128();
-            link
-        })
-        .collect();
+    let mut form = Vec::new();
+    let mut links = Vec::with_capacity(items.len());
+    for r in &items {
+        form.clear();
+        crate::dialect::canonical::write(canon, body.get(r.clone())?, &mut form)?;
+        let mut h = Xxh3::new();
+        h.update(&link.to_le_bytes());
+        update_framed(&mut h, &form);
+        link = h.digest128();
+        links.push(link);
+    }
     Some(Chain { links, items })
 }
 
@@ -288,7 +296,7 @@ pub fn reserialized_growth(json: &[u8]) -> u64 {
 
 /// The growth of a tool call's arguments: a JSON string holding JSON text (OpenAI), or the
 /// JSON value itself (Anthropic's `input`).
-fn arguments_growth(arguments: Option<&RawValue>) -> u64 {
+pub(crate) fn arguments_growth(arguments: Option<&RawValue>) -> u64 {
     let Some(raw) = arguments.map(|a| a.get()) else {
         return 0;
     };
@@ -322,7 +330,7 @@ fn blocks(content: Option<&RawValue>) -> Option<Vec<Block<'_>>> {
 
 /// `text` as `T` when it is a JSON object (serde would also read a struct from an array of
 /// its fields).
-fn object<'a, T: Deserialize<'a>>(text: &'a str) -> Option<T> {
+pub(crate) fn object<'a, T: Deserialize<'a>>(text: &'a str) -> Option<T> {
     if !text.trim_start().starts_with('{') {
         return None;
     }
@@ -341,6 +349,9 @@ pub fn message_bound(form: Form, raw: &[u8]) -> Option<u64> {
 
 /// The token bound of one new message and whether it is the assistant's.
 fn bound_and_role(form: Form, raw: &[u8]) -> Option<(u64, bool)> {
+    if form == Form::Responses {
+        return crate::dialect::responses::item_bound(raw);
+    }
     let m: Message = object(std::str::from_utf8(raw).ok()?)?;
     let bound = bound_of(form, raw.len() as u64, &m)?;
     Some((bound, m.role == "assistant"))

@@ -47,7 +47,7 @@ impl Server for Llamacpp {
 
     /// Its counter with those messages alone, without the tools.
     fn chat_tail(&self, a: &Ask, messages: &[u8]) -> Option<Call> {
-        let payload = tail_object(a.req, a.body, messages, |k| {
+        let payload = tail_object(a.req, a.body, "messages", messages, |k| {
             matches!(k, "messages" | "tools" | "tool_choice")
         })?;
         Some(post(

@@ -88,6 +88,12 @@ trait Server {
         None
     }
 
+    /// The call that counts a Responses conversation's tail, `items` (a JSON array of input
+    /// items), alone.
+    fn responses_tail(&self, _ask: &Ask, _items: &[u8]) -> Option<Call> {
+        None
+    }
+
     /// The call that reports the window C: `/v1/models`.
     fn window_call(&self) -> Call {
         get(MODELS_PATH, CallKind::Models)
@@ -173,7 +179,8 @@ pub fn tail_call(config: &Config, req: &Request, body: &[u8], messages: &[u8]) -
             let tail = crate::dialect::messages::tail_body(req, body, messages)?;
             Some(post(MESSAGES_COUNT_PATH, tail, CallKind::InputTokens))
         }
-        Form::Completion | Form::Responses => None,
+        Form::Responses => server.responses_tail(&Ask { t, req, body }, messages),
+        Form::Completion => None,
     }
 }
 

@@ -38,6 +38,12 @@ impl Server for Vllm {
         Some(post(&a.t.path, payload, CallKind::Tokenize))
     }
 
+    /// The renderer of those items alone.
+    fn responses_tail(&self, a: &Ask, items: &[u8]) -> Option<Call> {
+        let payload = responses::tail_body(a.req, a.body, items)?;
+        Some(post(RESPONSES_RENDER_PATH, payload, CallKind::TokenIds))
+    }
+
     /// `/tokenize` answers carry `max_model_len`; Anthropic's counter and the renderer do not.
     fn count_reports_window(&self, form: Form) -> bool {
         matches!(form, Form::Chat | Form::Completion)

@@ -18,6 +18,14 @@ use crate::json::scan::{array_items, is_ws, scan, Member};
 use crate::request::{raw, raw_bytes, Counting, Fields, Request};
 use serde_json::value::RawValue;
 
+/// A message's `cache_control` (sent by clients written for Anthropic-style caching) and a
+/// content part's are never rendered; a lone text part renders as its text (docs/spec.md
+/// §15b).
+pub const CANON: super::canonical::Canon = super::canonical::Canon {
+    ignored: &["cache_control"],
+    text_block: Some("text"),
+};
+
 fn is_null(v: Option<&str>) -> bool {
     v.is_none_or(|v| v == "null")
 }

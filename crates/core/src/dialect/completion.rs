@@ -14,6 +14,12 @@ use serde_json::value::RawValue;
 /// A completion without a valid cap passes unchanged (`no_cap`).
 pub const REQUIRES_CAP: bool = true;
 
+/// A prompt is no conversation: nothing is canonical.
+pub const CANON: super::canonical::Canon = super::canonical::Canon {
+    ignored: &[],
+    text_block: None,
+};
+
 /// How the prompt is counted: token ids by length, one string by the tokenizer, a batch of
 /// strings by the estimate.
 pub fn counting(body: &[u8], members: &[Member], f: &Fields) -> Result<Counting, Reason> {

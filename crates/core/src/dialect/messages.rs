@@ -13,6 +13,13 @@ use crate::request::Request;
 /// A request without a valid `max_tokens` passes unchanged (`no_cap`): Anthropic requires it.
 pub const REQUIRES_CAP: bool = true;
 
+/// `cache_control` (Claude Code moves it to the newest message every turn) is never rendered;
+/// a lone text block renders as its text, as a string content does (docs/spec.md §15b).
+pub const CANON: super::canonical::Canon = super::canonical::Canon {
+    ignored: &["cache_control"],
+    text_block: Some("text"),
+};
+
 /// Anthropic's only cap is `max_tokens`; other names are not caps there.
 pub fn is_cap(field: CapField) -> bool {
     field == CapField::MaxTokens
@@ -37,13 +44,15 @@ fn outside_tail(key: &str) -> bool {
 /// `messages`: a JSON array of them) as a conversation of their own (docs/spec.md §15): the
 /// request's other members as they came, without the system prompt and the tools.
 pub fn tail_body(req: &Request, body: &[u8], messages: &[u8]) -> Option<Vec<u8>> {
-    tail_object(req, body, messages, outside_tail)
+    tail_object(req, body, "messages", messages, outside_tail)
 }
 
-/// The request's members as they came but those `leave_out` names, then `messages`.
+/// The request's members as they came but those `leave_out` names, then `key` (the member
+/// that holds the conversation) with `messages`.
 pub fn tail_object(
     req: &Request,
     body: &[u8],
+    key: &str,
     messages: &[u8],
     leave_out: fn(&str) -> bool,
 ) -> Option<Vec<u8>> {
@@ -53,7 +62,7 @@ pub fn tail_object(
         out.extend_from_slice(body.get(m.key_start..m.value.end)?);
         out.push(b',');
     }
-    out.extend_from_slice(b"\"messages\":");
+    super::write_key(key, &mut out);
     out.extend_from_slice(messages);
     out.push(b'}');
     Some(out)

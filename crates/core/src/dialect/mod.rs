@@ -4,6 +4,7 @@
 //! is, which raw slices the estimate reads, and how a rejection looks. This module names the
 //! dialects and dispatches to them.
 
+pub mod canonical;
 pub mod chat;
 pub mod completion;
 pub mod messages;
@@ -86,6 +87,27 @@ impl Endpoint {
 }
 
 impl Form {
+    /// The member holding the conversation, message by message (Responses: input item by
+    /// input item; docs/spec.md §15b); none for a completion's prompt.
+    pub fn conversation(self, f: &Fields) -> Option<usize> {
+        match self {
+            Form::Chat | Form::Messages => f.messages,
+            Form::Responses => f.input,
+            Form::Completion => None,
+        }
+    }
+
+    /// What this dialect's messages may carry that the server renders alike (the canonical
+    /// form the prefix chain hashes).
+    pub fn canon(self) -> &'static canonical::Canon {
+        match self {
+            Form::Chat => &chat::CANON,
+            Form::Messages => &messages::CANON,
+            Form::Responses => &responses::CANON,
+            Form::Completion => &completion::CANON,
+        }
+    }
+
     /// Whether a request without a valid cap is left unchanged (`no_cap`).
     pub fn requires_cap(self) -> bool {
         match self {

@@ -6,11 +6,15 @@
 //! caps and `stream` ([`payload`]); the estimate reads `input`, `instructions` and `tools`; a
 //! rejection is OpenAI's `context_length_exceeded` with `param` `input`.
 
+use crate::bound::{arguments_growth, object, BLOCK, MESSAGE};
 use crate::caps::CapField;
 use crate::estimate::estimate as rough;
 use crate::json::scan::Member;
 use crate::reason::Reason;
 use crate::request::{raw, Fields, Request};
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use std::borrow::Cow;
 
 /// Only `max_output_tokens` is a cap here (vLLM's Responses API reads no other).
 pub fn is_cap(field: CapField) -> bool {
@@ -19,6 +23,13 @@ pub fn is_cap(field: CapField) -> bool {
 
 /// A request without a cap is budgeted: the server would use the rest of the window.
 pub const REQUIRES_CAP: bool = false;
+
+/// Input items are compared as the server parses them, nothing left out: clients send each
+/// item again as it was (docs/spec.md §15b).
+pub const CANON: super::canonical::Canon = super::canonical::Canon {
+    ignored: &[],
+    text_block: None,
+};
 
 /// `Err(Stateful)` when the request continues state the filter cannot count: its prompt is
 /// more than its body.
@@ -68,6 +79,103 @@ pub fn payload(req: &Request, body: &[u8]) -> Option<Vec<u8>> {
         }
         out.extend_from_slice(body.get(m.key_start..m.value.end)?);
     }
+    out.push(b'}');
+    Some(out)
+}
+
+#[derive(Deserialize)]
+struct Item<'a> {
+    #[serde(borrow, rename = "type", default)]
+    kind: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    role: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    content: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    arguments: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    output: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    encrypted_content: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct Part<'a> {
+    #[serde(borrow, rename = "type")]
+    kind: Cow<'a, str>,
+}
+
+/// The parts of a content that is text: a string (none), or an array of text parts.
+fn text_parts(content: Option<&RawValue>) -> Option<u64> {
+    let raw = content?.get();
+    if raw.starts_with('"') {
+        return Some(0);
+    }
+    let parts: Vec<&RawValue> = serde_json::from_str(raw).ok()?;
+    for p in &parts {
+        let part: Part = object(p.get())?;
+        if !matches!(part.kind.as_ref(), "input_text" | "output_text" | "text") {
+            return None;
+        }
+    }
+    Some(parts.len() as u64)
+}
+
+/// The token bound of one input item (docs/spec.md §15b) and whether it is the assistant's;
+/// `None` where the bound's assumptions do not hold. The server turns the items into chat
+/// messages (a function call or reasoning joins the assistant message before it) and renders
+/// those, so an item is bounded as the message it becomes: its bytes, what re-serializing a
+/// call's arguments adds, and the template's text around a message and a block. Items the
+/// byte bound cannot see through (images, files, encrypted reasoning, other tools' calls)
+/// have none.
+pub fn item_bound(raw: &[u8]) -> Option<(u64, bool)> {
+    let item: Item = object(std::str::from_utf8(raw).ok()?)?;
+    let bytes = raw.len() as u64;
+    let text_output = |o: Option<&RawValue>| o.is_some_and(|o| o.get().starts_with('"'));
+    match item.kind.as_deref().unwrap_or("message") {
+        "message" => {
+            let role = item.role.as_deref()?;
+            if !matches!(role, "user" | "assistant" | "system" | "developer") {
+                return None;
+            }
+            let parts = text_parts(item.content)?;
+            Some((bytes + MESSAGE + BLOCK * parts, role == "assistant"))
+        }
+        "function_call" => {
+            let growth = arguments_growth(item.arguments);
+            Some((bytes + growth + MESSAGE + BLOCK, true))
+        }
+        "function_call_output" if text_output(item.output) => {
+            Some((bytes + MESSAGE + BLOCK, false))
+        }
+        "reasoning" if item.encrypted_content.is_none_or(|e| e.get() == "null") => {
+            Some((bytes + MESSAGE + BLOCK, true))
+        }
+        _ => None,
+    }
+}
+
+/// The render call's body for the input items after a conversation's counted prefix (its
+/// tail, `items`: a JSON array of them) as a conversation of their own (docs/spec.md §15b):
+/// the request's other members as they came, without its caps and `stream` (as [`payload`]),
+/// and without the instructions and the tools, which render before the first item and which
+/// the prefix's count holds already.
+pub fn tail_body(req: &Request, body: &[u8], items: &[u8]) -> Option<Vec<u8>> {
+    let mut out = Vec::with_capacity(items.len() + 256);
+    out.push(b'{');
+    for (i, m) in req.members.iter().enumerate() {
+        let outside = matches!(
+            m.key.as_str(),
+            "input" | "instructions" | "tools" | "tool_choice"
+        );
+        if outside || !counted(req, i, m) {
+            continue;
+        }
+        out.extend_from_slice(body.get(m.key_start..m.value.end)?);
+        out.push(b',');
+    }
+    super::write_key("input", &mut out);
+    out.extend_from_slice(items);
     out.push(b'}');
     Some(out)
 }

@@ -62,7 +62,12 @@ fn needs(ctx: &mut Ctx, pending: &Pending) -> Option<(Needs, u64)> {
                 );
             (req.cap_members.len() == 1 && same_field && budget_ok).then_some(cap.value)
         }
-        None if req.cap_members.is_empty() && req.form == Form::Chat && w == c => Some(reserve),
+        None if req.cap_members.is_empty()
+            && matches!(req.form, Form::Chat | Form::Responses)
+            && w == c =>
+        {
+            Some(reserve)
+        }
         None => None,
     };
     let band = req.cap.map(|cap| cap.value.min(reserve));

@@ -58,7 +58,7 @@ impl Route {
     /// Whether a bound may stand in for this request's count (docs/spec.md §15).
     pub fn skipping(&self, req: &Request) -> bool {
         self.config.skips()
-            && matches!(req.form, Form::Chat | Form::Messages)
+            && matches!(req.form, Form::Chat | Form::Messages | Form::Responses)
             && req.truncate.is_none()
     }
 

@@ -2,6 +2,7 @@
 
 mod answers;
 mod count;
+mod forms;
 mod guess;
 mod partial;
 mod routes;

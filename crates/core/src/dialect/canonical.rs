@@ -1,0 +1,324 @@
+//! The canonical form of one message of a conversation (Responses: one input item), which the
+//! conversation's prefix chain hashes (docs/spec.md §15b): two serializations of a message
+//! share it only where the server renders them to the same tokens, so a conversation whose
+//! client writes an earlier message again in another form still finds its earlier count.
+//!
+//! The form is itself a JSON object that the server renders as it renders the message:
+//! * no white space outside strings, and strings as Python's `json.dumps` writes them
+//!   ([`compact`]): the server parses the message, so neither reaches the template;
+//! * the members each dialect names as never rendered (Anthropic's and OpenAI's
+//!   `cache_control`) left out, of the message and of its content blocks only (never inside
+//!   a tool call's arguments, which are rendered);
+//! * a `content` array that holds one text block and nothing else written as that block's
+//!   text, when it is not empty: the server renders a lone text block as the string it holds.
+//!
+//! Everything else stays as it came, member order included: two forms that differ there have
+//! two canonical forms and are told apart (a count more, never a wrong bound). Which forms are
+//! equal is shown against the real server by tests/vllm/test_vllm_forms.py.
+
+use crate::json::compact::{compact, write_string};
+use crate::json::scan::{array_items, scan_skimming, Member};
+
+/// What a dialect's messages may carry that the server renders alike.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Canon {
+    /// Members of a message, or of one of its content blocks, that the server never renders.
+    pub ignored: &'static [&'static str],
+    /// The `type` of a content block that, alone in `content`, renders as its `text`.
+    pub text_block: Option<&'static str>,
+}
+
+impl Canon {
+    fn ignores(&self, key: &str) -> bool {
+        self.ignored.contains(&key)
+    }
+}
+
+/// Appends the canonical form of `raw` (one valid JSON value, a message or input item) to
+/// `out`; `None` when it is not an object.
+pub fn write(canon: &Canon, raw: &[u8], out: &mut Vec<u8>) -> Option<()> {
+    object(canon, raw, out, |canon, key, value, out| {
+        if key == "content" {
+            content(canon, value, out)
+        } else {
+            compact(std::str::from_utf8(value).ok()?, out)
+        }
+    })
+}
+
+/// Writes the object `raw` without the ignored members, each member's value by `value`.
+fn object(
+    canon: &Canon,
+    raw: &[u8],
+    out: &mut Vec<u8>,
+    value: impl Fn(&Canon, &str, &[u8], &mut Vec<u8>) -> Option<()>,
+) -> Option<()> {
+    let members = members(raw)?;
+    out.push(b'{');
+    let mut first = true;
+    for m in members.iter().filter(|m| !canon.ignores(&m.key)) {
+        if !first {
+            out.push(b',');
+        }
+        first = false;
+        key(&m.key, out)?;
+        value(canon, &m.key, raw.get(m.value.clone())?, out)?;
+    }
+    out.push(b'}');
+    Some(())
+}
+
+/// The members of the object `raw` (its containers skimmed: the body was validated).
+fn members(raw: &[u8]) -> Option<Vec<Member>> {
+    scan_skimming(raw, |_| true)
+        .ok()
+        .map(|(members, _)| members)
+}
+
+/// `"key":`, the key written as a JSON string.
+fn key(key: &str, out: &mut Vec<u8>) -> Option<()> {
+    let token = serde_json::to_string(key).ok()?;
+    write_string(&token, out)?;
+    out.push(b':');
+    Some(())
+}
+
+/// A message's `content`: a lone text block as its text, the blocks of an array without their
+/// ignored members, anything else compacted.
+fn content(canon: &Canon, raw: &[u8], out: &mut Vec<u8>) -> Option<()> {
+    let text = std::str::from_utf8(raw).ok()?;
+    if !text.starts_with('[') {
+        return compact(text, out);
+    }
+    let items = array_items(raw)?;
+    if let [only] = items.as_slice() {
+        if let Some(text) = lone_text(canon, raw.get(only.clone())?) {
+            return compact(std::str::from_utf8(text).ok()?, out);
+        }
+    }
+    out.push(b'[');
+    for (i, item) in items.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        let item = raw.get(item.clone())?;
+        if item.starts_with(b"{") {
+            object(canon, item, out, |_, _, value, out| {
+                compact(std::str::from_utf8(value).ok()?, out)
+            })?;
+        } else {
+            compact(std::str::from_utf8(item).ok()?, out)?;
+        }
+    }
+    out.push(b']');
+    Some(())
+}
+
+/// The raw string `text` of a block that is a text block and nothing else (ignored members
+/// aside), when that text is not empty (vLLM's Anthropic conversion drops an empty block, and
+/// with it a message that held only that).
+fn lone_text<'a>(canon: &Canon, block: &'a [u8]) -> Option<&'a [u8]> {
+    let kind = canon.text_block?;
+    if !block.starts_with(b"{") {
+        return None;
+    }
+    let members = members(block)?;
+    let mut kept = members.iter().filter(|m| !canon.ignores(&m.key));
+    let (a, b) = (kept.next()?, kept.next()?);
+    if kept.next().is_some() {
+        return None;
+    }
+    let (type_member, text_member) = match (a.key.as_str(), b.key.as_str()) {
+        ("type", "text") => (a, b),
+        ("text", "type") => (b, a),
+        _ => return None,
+    };
+    let kind_raw = block.get(type_member.value.clone())?;
+    let mut decoded = Vec::new();
+    compact(std::str::from_utf8(kind_raw).ok()?, &mut decoded)?;
+    let text = block.get(text_member.value.clone())?;
+    (decoded.get(1..decoded.len().checked_sub(1)?) == Some(kind.as_bytes())
+        && decoded.first() == Some(&b'"')
+        && text.starts_with(b"\"")
+        && text != b"\"\"")
+        .then_some(text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CHAT: Canon = Canon {
+        ignored: &["cache_control"],
+        text_block: Some("text"),
+    };
+    const PLAIN: Canon = Canon {
+        ignored: &[],
+        text_block: None,
+    };
+
+    fn canonical(canon: &Canon, raw: &str) -> String {
+        let mut out = Vec::new();
+        write(canon, raw.as_bytes(), &mut out).unwrap();
+        String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn a_lone_text_block_is_its_text() {
+        let string = r#"{"role":"user","content":"hi\nthere"}"#;
+        for form in [
+            string,
+            r#"{"role":"user","content":[{"type":"text","text":"hi\nthere"}]}"#,
+            r#"{"role":"user","content":[{"text":"hi\nthere","type":"text"}]}"#,
+            r#"{"role":"user","content":[{"type":"text","text":"hi\nthere","cache_control":{"type":"ephemeral"}}]}"#,
+            r#"{ "role" : "user", "content" : [ { "cache_control" : {"type":"ephemeral","ttl":"1h"}, "type" : "text", "text" : "hi\nthere" } ] }"#,
+            r#"{"role":"user","cache_control":{"type":"ephemeral"},"content":"hi\nthere"}"#,
+            r#"{"role":"user","content":"hi\u000athere"}"#,
+            r#"{"role":"u\u0073er","content":"hi\nthere"}"#,
+        ] {
+            assert_eq!(canonical(&CHAT, form), string, "{form}");
+        }
+    }
+
+    #[test]
+    fn forms_that_may_render_otherwise_stay_apart() {
+        let string = canonical(&CHAT, r#"{"role":"user","content":"ab"}"#);
+        for other in [
+            // Two blocks render with a separator between them.
+            r#"{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]}"#,
+            // A block with any other member, or of another type, is not its text.
+            r#"{"role":"user","content":[{"type":"text","text":"ab","citations":[]}]}"#,
+            r#"{"role":"user","content":[{"type":"input_text","text":"ab"}]}"#,
+            r#"{"role":"user","content":[{"type":"text","text":["ab"]}]}"#,
+            r#"{"role":"user","content":[{"type":"text"}]}"#,
+            r#"{"role":"user","content":[{"type":"text","text":""}]}"#,
+            r#"{"role":"user","content":["ab"]}"#,
+            r#"{"content":"ab","role":"user"}"#,
+            r#"{"role":"user","content":"ab","name":"x"}"#,
+            r#"{"role":"assistant","content":"ab"}"#,
+        ] {
+            assert_ne!(canonical(&CHAT, other), string, "{other}");
+        }
+        // An empty block is dropped with its message, an empty string is not.
+        assert_ne!(
+            canonical(
+                &CHAT,
+                r#"{"role":"user","content":[{"type":"text","text":""}]}"#
+            ),
+            canonical(&CHAT, r#"{"role":"user","content":""}"#)
+        );
+        // A dialect without a text block keeps the array.
+        assert_eq!(
+            canonical(&PLAIN, r#"{"content":[{"type":"text","text":"a"}]}"#),
+            r#"{"content":[{"type":"text","text":"a"}]}"#
+        );
+    }
+
+    #[test]
+    fn ignored_members_go_only_where_the_server_drops_them() {
+        // In a block of several, the block's own cache_control goes.
+        assert_eq!(
+            canonical(
+                &CHAT,
+                r#"{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b","cache_control":{"type":"ephemeral"}}]}"#
+            ),
+            r#"{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]}"#
+        );
+        // Inside a tool call's input or arguments it is data, rendered: it stays.
+        let tool_use = r#"{"role":"assistant","content":[{"type":"tool_use","id":"t","name":"f","input":{"cache_control":1}}]}"#;
+        assert_eq!(canonical(&CHAT, tool_use), tool_use);
+        let args = r#"{"role":"assistant","tool_calls":[{"function":{"name":"f","arguments":"{\"cache_control\":1}"},"cache_control":{}}]}"#;
+        assert_eq!(canonical(&CHAT, args), args);
+    }
+
+    #[test]
+    fn what_is_not_an_object_has_no_form() {
+        let mut out = Vec::new();
+        assert_eq!(write(&CHAT, br#"["user","hi"]"#, &mut out), None);
+        assert_eq!(write(&CHAT, br#""hi""#, &mut out), None);
+    }
+
+    /// A model of how vLLM renders an Anthropic or chat message's content (its conversion
+    /// to chat messages, then a template that takes content as a string): a string as it
+    /// is; the text blocks that are not empty, one alone as its text, several joined by a
+    /// newline; no text at all drops the content. Every other member is rendered as it
+    /// parses, but `cache_control`, which is never read.
+    fn rendered(raw: &str) -> serde_json::Value {
+        use serde_json::{json, Map, Value};
+        let Value::Object(message) = serde_json::from_str::<Value>(raw).unwrap() else {
+            unreachable!()
+        };
+        let mut out = Map::new();
+        for (key, value) in message {
+            match (key.as_str(), value) {
+                ("cache_control", _) => {}
+                ("content", Value::Array(blocks)) => {
+                    let texts: Vec<String> = blocks
+                        .iter()
+                        .filter_map(|b| b.get("text").and_then(Value::as_str))
+                        .filter(|t| !t.is_empty())
+                        .map(str::to_string)
+                        .collect();
+                    if !texts.is_empty() {
+                        out.insert(key, json!(texts.join("\n")));
+                    }
+                }
+                (_, value) => {
+                    out.insert(key, value);
+                }
+            }
+        }
+        Value::Object(out)
+    }
+
+    fn text() -> impl proptest::strategy::Strategy<Value = &'static str> {
+        proptest::sample::select(vec!["", "a", "b", "a\\nb", "\\u0061"])
+    }
+
+    /// One text block, in either member order, with or without `cache_control`.
+    fn block() -> impl proptest::strategy::Strategy<Value = String> {
+        use proptest::prelude::*;
+        (text(), any::<bool>(), any::<bool>()).prop_map(|(t, swap, cached)| {
+            let cache = if cached {
+                r#","cache_control":{"type":"ephemeral"}"#
+            } else {
+                ""
+            };
+            if swap {
+                format!(r#"{{"text":"{t}"{cache},"type":"text"}}"#)
+            } else {
+                format!(r#"{{"type":"text" , "text":"{t}"{cache}}}"#)
+            }
+        })
+    }
+
+    fn message() -> impl proptest::strategy::Strategy<Value = String> {
+        use proptest::prelude::*;
+        let content = prop_oneof![
+            text().prop_map(|t| format!(r#""{t}""#)),
+            proptest::collection::vec(block(), 0..3).prop_map(|b| format!("[{}]", b.join(","))),
+        ];
+        let role = proptest::sample::select(vec!["user", "assistant"]);
+        (role, content, any::<bool>()).prop_map(|(role, content, cached)| {
+            let cache = if cached {
+                r#", "cache_control":{"type":"ephemeral"}"#
+            } else {
+                ""
+            };
+            format!(r#"{{"role":"{role}","content":{content}{cache}}}"#)
+        })
+    }
+
+    proptest::proptest! {
+        /// Two messages share a canonical form only where the model renders them alike.
+        #[test]
+        fn one_form_is_one_rendering(a in message(), b in message()) {
+            let (ca, cb) = (canonical(&CHAT, &a), canonical(&CHAT, &b));
+            if ca == cb {
+                proptest::prop_assert_eq!(rendered(&a), rendered(&b), "{} ~ {}", a, b);
+            }
+            // The form renders as the message does.
+            proptest::prop_assert_eq!(rendered(&ca), rendered(&a));
+        }
+    }
+}

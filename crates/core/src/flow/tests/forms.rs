@@ -1,0 +1,204 @@
+//! The agents' own traffic (docs/spec.md §15b): a message written again in another form the
+//! server renders alike keeps its prefix, and Responses turns skip like chat turns.
+
+use super::support::*;
+use crate::bound;
+use crate::flow::*;
+
+/// A Claude Code turn: the newest user message a list of text blocks carrying
+/// `cache_control`, every earlier one as Claude Code writes it on later turns (a string).
+fn claude_turn(rounds: usize) -> &'static str {
+    let mut m = Vec::new();
+    let user = |text: &str, newest: bool| {
+        if newest {
+            format!(
+                r#"{{"role":"user","content":[{{"type":"text","text":"{text}","cache_control":{{"type":"ephemeral"}}}}]}}"#
+            )
+        } else {
+            format!(r#"{{"role":"user","content":"{text}"}}"#)
+        }
+    };
+    m.push(user("fix the bug", rounds == 0));
+    for i in 0..rounds {
+        m.push(format!(
+            r#"{{"role":"assistant","content":[{{"type":"text","text":"reading f{i}"}}]}}"#
+        ));
+        m.push(user(&format!("now look at f{i}"), i + 1 == rounds));
+    }
+    leak(format!(
+        r#"{{"model":"m","system":[{{"type":"text","text":"you are Claude Code","cache_control":{{"type":"ephemeral"}}}}],"messages":[{}],"max_tokens":32000,"stream":true}}"#,
+        m.join(",")
+    ))
+}
+
+#[test]
+fn a_message_sent_again_as_a_string_keeps_the_prefix_its_blocks_were_counted_with() {
+    let (p, mut host) = setup(SKIP);
+    counted(
+        &p,
+        &mut host,
+        "/v1/messages",
+        claude_turn(0),
+        r#"{"input_tokens":900}"#,
+    );
+    assert_eq!(host.calls.len(), 1);
+    for rounds in 1..4 {
+        let (mut y, step) = send(&p, &mut host, "/v1/messages", claude_turn(rounds));
+        assert!(matches!(step, Step::Done(Action::Continue)), "{rounds}");
+        assert_eq!(action(&y, &p), "unchanged:fits");
+        assert_eq!(header(&y, &p, HEADER_SOURCE).as_deref(), Some("bound"));
+        // Its check anchors the next turn.
+        y.on_stream_end(&p, &mut host);
+        assert_eq!(
+            host.calls.len(),
+            1 + rounds,
+            "only the checks, off the path"
+        );
+        let token = y.pending_token().unwrap();
+        let count = format!(r#"{{"input_tokens":{}}}"#, 900 + 40 * rounds);
+        y.on_reply(&p, &mut host, &reply_of(token, Some(200), count.as_bytes()));
+    }
+    assert_eq!(host.count(Metric::CountSkipped), 3);
+    assert_eq!(host.count(Metric::BoundViolations), 0);
+}
+
+#[test]
+fn a_message_sent_again_in_a_form_that_renders_otherwise_is_counted() {
+    let (p, mut host) = setup(SKIP);
+    counted(
+        &p,
+        &mut host,
+        "/v1/messages",
+        claude_turn(0),
+        r#"{"input_tokens":900}"#,
+    );
+    // The first message split in two blocks renders with a separator: not the prefix.
+    let split = claude_turn(1).replacen(
+        r#"{"role":"user","content":"fix the bug"}"#,
+        r#"{"role":"user","content":[{"type":"text","text":"fix the"},{"type":"text","text":" bug"}]}"#,
+        1,
+    );
+    let (_, step) = send(&p, &mut host, "/v1/messages", leak(split));
+    assert!(matches!(step, Step::Wait));
+    assert_eq!(host.calls.len(), 2);
+    assert_eq!(host.count(Metric::CountSkipped), 0);
+    assert_eq!(host.count(Metric::TailCounts), 0, "a whole count");
+}
+
+/// A Codex turn: instructions, the input items of `rounds` tool rounds after the question,
+/// the tools after the input, no cap, streamed.
+fn codex_turn(rounds: usize, output: usize) -> &'static str {
+    let mut items = vec![
+        r#"{"type":"message","role":"developer","content":[{"type":"input_text","text":"<permissions>"}]}"#.to_string(),
+        r#"{"type":"message","role":"user","content":[{"type":"input_text","text":"fix the bug"}]}"#.to_string(),
+    ];
+    for i in 0..rounds {
+        items.push(format!(
+            r#"{{"type":"function_call","name":"shell","arguments":"{{\"command\":[\"cat\",\"f{i}\"]}}","call_id":"call_{i}"}}"#
+        ));
+        items.push(format!(
+            r#"{{"type":"function_call_output","call_id":"call_{i}","output":"{}"}}"#,
+            "z".repeat(output)
+        ));
+    }
+    leak(format!(
+        r#"{{"model":"m","instructions":"You are Codex.","input":[{}],"tools":[{{"type":"function","name":"shell","parameters":{{}}}}],"tool_choice":"auto","parallel_tool_calls":false,"store":false,"stream":true,"include":[],"prompt_cache_key":"s1"}}"#,
+        items.join(",")
+    ))
+}
+
+/// vLLM's render answer for a prompt of `n` tokens.
+fn token_ids(n: usize) -> String {
+    let ids: Vec<String> = (0..n).map(|i| (i % 1000).to_string()).collect();
+    format!(r#"{{"token_ids":[{}]}}"#, ids.join(","))
+}
+
+const RESPONSES_PATH: &str = "/v1/responses";
+
+#[test]
+fn responses_turns_skip_their_count_like_chat_turns() {
+    let (p, mut host) = setup(SKIP);
+    let (_, step) = counted(
+        &p,
+        &mut host,
+        RESPONSES_PATH,
+        codex_turn(0, 10),
+        &token_ids(900),
+    );
+    let first = rewritten(step);
+    assert_eq!(first["max_output_tokens"], 40960 - 900);
+    assert_eq!(host.calls[0].2.path, "/v1/responses/render");
+    // The next turn repeats the input items and adds a tool round: no call on its path.
+    let (mut y, step) = send(&p, &mut host, RESPONSES_PATH, codex_turn(1, 10));
+    assert!(matches!(step, Step::Done(Action::Continue)));
+    assert_eq!(host.calls.len(), 1);
+    assert_eq!(action(&y, &p), "unchanged:fits");
+    assert_eq!(header(&y, &p, HEADER_SOURCE).as_deref(), Some("bound"));
+    let p_hi: u64 = header(&y, &p, HEADER_PROMPT).unwrap().parse().unwrap();
+    assert!(p_hi > 900 && p_hi < 1400, "{p_hi}");
+    // Without usage in its answer it is checked by a render once the stream ended.
+    y.on_stream_end(&p, &mut host);
+    assert_eq!(host.calls.len(), 2);
+    assert_eq!(host.calls[1].2.path, "/v1/responses/render");
+    let token = y.pending_token().unwrap();
+    let check = token_ids(950);
+    y.on_reply(&p, &mut host, &reply_of(token, Some(200), check.as_bytes()));
+    assert_eq!(host.count(Metric::BoundViolations), 0);
+    assert_eq!(host.count(Metric::CountSkipped), 1);
+}
+
+#[test]
+fn a_responses_tail_is_rendered_alone_without_instructions_and_tools() {
+    let (p, mut host) = setup(SKIP);
+    // 40960 − R (64) leaves room for the first turn; the second's bytes do not prove it.
+    counted(
+        &p,
+        &mut host,
+        RESPONSES_PATH,
+        codex_turn(0, 10),
+        &token_ids(38000),
+    );
+    let (mut y, step) = send(&p, &mut host, RESPONSES_PATH, codex_turn(1, 8000));
+    assert!(matches!(step, Step::Wait));
+    assert_eq!(host.count(Metric::TailCounts), 1);
+    let call = &host.calls[1].2;
+    assert_eq!(call.path, "/v1/responses/render");
+    let tail: serde_json::Value = serde_json::from_slice(call.body.as_deref().unwrap()).unwrap();
+    let items = tail["input"].as_array().unwrap();
+    assert_eq!(items.len(), 2);
+    assert_eq!(items[0]["type"], "function_call");
+    assert_eq!(items[1]["type"], "function_call_output");
+    for gone in ["instructions", "tools", "tool_choice", "stream"] {
+        assert!(tail.get(gone).is_none(), "{gone}: {tail}");
+    }
+    assert_eq!(tail["model"], "m");
+    assert_eq!(tail["store"], false);
+    // 38000 + 2100 + SEAM leaves R: unchanged, no whole count.
+    let step = reply(&p, &mut host, &mut y, 200, &token_ids(2100));
+    assert!(matches!(step, Step::Done(Action::Continue)));
+    assert_eq!(action(&y, &p), "unchanged:fits");
+    let p_hi = 38000 + 2100 + bound::SEAM;
+    assert_eq!(header(&y, &p, HEADER_PROMPT), Some(p_hi.to_string()));
+}
+
+#[test]
+fn responses_items_the_bound_cannot_see_through_are_counted() {
+    let (p, mut host) = setup(SKIP);
+    counted(
+        &p,
+        &mut host,
+        RESPONSES_PATH,
+        codex_turn(0, 10),
+        &token_ids(900),
+    );
+    let image = codex_turn(1, 10).replacen(
+        r#"{"type":"function_call_output","call_id":"call_0","output":"zzzzzzzzzz"}"#,
+        r#"{"type":"message","role":"user","content":[{"type":"input_image","image_url":"data:x"}]}"#,
+        1,
+    );
+    let (_, step) = send(&p, &mut host, RESPONSES_PATH, leak(image));
+    assert!(matches!(step, Step::Wait));
+    assert_eq!(host.count(Metric::CountSkipped), 0);
+    assert_eq!(host.count(Metric::TailCounts), 0);
+    assert_eq!(host.calls.len(), 2);
+}

@@ -251,6 +251,7 @@ class Sent:
     body: Optional[dict]
     status: Optional[int] = None                    # the answer's
     answer_headers: Optional[Dict[str, str]] = None     # lower-case names
+    raw: bytes = b""                                # the body's bytes as the agent sent them
 
 
 _HOP = {"host", "content-length", "connection", "keep-alive", "transfer-encoding"}
@@ -259,9 +260,10 @@ _HOP = {"host", "content-length", "connection", "keep-alive", "transfer-encoding
 class Tap:
     """A pass-through on a loopback port in front of ``target`` (an http:// base address):
     records each request and forwards it and the answer byte for byte (the answer streamed
-    as it comes, the connection closed after it)."""
+    as it comes, the connection closed after it). ``forward(path, raw)``, when given, is the
+    body sent on in place of the recorded one (bench/sessions/record.py lowers the cap)."""
 
-    def __init__(self, target: str):
+    def __init__(self, target: str, forward=None):
         self.target = target.rstrip("/")
         self.sent: List[Sent] = []
         tap = self
@@ -275,8 +277,10 @@ class Tap:
                 except ValueError:
                     body = None
                 sent = Sent(self.command, self.path,
-                            {k.lower(): v for k, v in self.headers.items()}, body)
+                            {k.lower(): v for k, v in self.headers.items()}, body, raw=raw)
                 tap.sent.append(sent)
+                if forward is not None:
+                    raw = forward(self.path, raw)
                 upstream = {k: v for k, v in self.headers.items() if k.lower() not in _HOP}
                 with httpx.Client(timeout=300) as client, client.stream(
                         self.command, tap.target + self.path, headers=upstream,

@@ -330,7 +330,7 @@ fn blocks(content: Option<&RawValue>) -> Option<Vec<Block<'_>>> {
 
 /// `text` as `T` when it is a JSON object (serde would also read a struct from an array of
 /// its fields).
-pub(crate) fn object<'a, T: Deserialize<'a>>(text: &'a str) -> Option<T> {
+fn object<'a, T: Deserialize<'a>>(text: &'a str) -> Option<T> {
     if !text.trim_start().starts_with('{') {
         return None;
     }

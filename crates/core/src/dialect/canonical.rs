@@ -17,7 +17,7 @@
 //! equal is shown against the real server by tests/vllm/test_vllm_forms.py.
 
 use crate::json::compact::{compact, write_string};
-use crate::json::scan::{array_items, scan_skimming, Member};
+use crate::json::scan::{array_items, scan, Member};
 
 /// What a dialect's messages may carry that the server renders alike.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,24 +61,29 @@ fn object(
             out.push(b',');
         }
         first = false;
-        key(&m.key, out)?;
+        key(raw, m.key_start, out)?;
         value(canon, &m.key, raw.get(m.value.clone())?, out)?;
     }
     out.push(b'}');
     Some(())
 }
 
-/// The members of the object `raw` (its containers skimmed: the body was validated).
+/// The members of the object `raw`.
 fn members(raw: &[u8]) -> Option<Vec<Member>> {
-    scan_skimming(raw, |_| true)
-        .ok()
-        .map(|(members, _)| members)
+    scan(raw).ok()
 }
 
-/// `"key":`, the key written as a JSON string.
-fn key(key: &str, out: &mut Vec<u8>) -> Option<()> {
-    let token = serde_json::to_string(key).ok()?;
-    write_string(&token, out)?;
+/// `"key":`, the key token that opens at `at` written as vLLM reads it.
+fn key(raw: &[u8], at: usize, out: &mut Vec<u8>) -> Option<()> {
+    let mut i = at + 1;
+    loop {
+        match raw.get(i)? {
+            b'\\' => i += 2,
+            b'"' => break,
+            _ => i += 1,
+        }
+    }
+    write_string(std::str::from_utf8(raw.get(at..=i)?).ok()?, out)?;
     out.push(b':');
     Some(())
 }

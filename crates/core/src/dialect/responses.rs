@@ -6,15 +6,12 @@
 //! caps and `stream` ([`payload`]); the estimate reads `input`, `instructions` and `tools`; a
 //! rejection is OpenAI's `context_length_exceeded` with `param` `input`.
 
-use crate::bound::{arguments_growth, object, BLOCK, MESSAGE};
+use crate::bound::{arguments_growth, BLOCK, MESSAGE};
 use crate::caps::CapField;
 use crate::estimate::estimate as rough;
-use crate::json::scan::Member;
+use crate::json::scan::{array_items, scan, Member};
 use crate::reason::Reason;
 use crate::request::{raw, Fields, Request};
-use serde::Deserialize;
-use serde_json::value::RawValue;
-use std::borrow::Cow;
 
 /// Only `max_output_tokens` is a cap here (vLLM's Responses API reads no other).
 pub fn is_cap(field: CapField) -> bool {
@@ -83,38 +80,33 @@ pub fn payload(req: &Request, body: &[u8]) -> Option<Vec<u8>> {
     Some(out)
 }
 
-#[derive(Deserialize)]
-struct Item<'a> {
-    #[serde(borrow, rename = "type", default)]
-    kind: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    role: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    content: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    arguments: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    output: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    encrypted_content: Option<&'a RawValue>,
+/// The raw value of the last member `key` of an object's `members` (as the server's parser
+/// keeps it).
+fn member<'a>(raw: &'a [u8], members: &[Member], key: &str) -> Option<&'a [u8]> {
+    let m = members.iter().rev().find(|m| m.key == key)?;
+    raw.get(m.value.clone())
 }
 
-#[derive(Deserialize)]
-struct Part<'a> {
-    #[serde(borrow, rename = "type")]
-    kind: Cow<'a, str>,
+/// The plain string a raw JSON value holds: a string without escapes (the names of types
+/// and roles); `None` for anything else, which the bound then does not read.
+fn string(raw: Option<&[u8]>) -> Option<&str> {
+    let inner = raw?.strip_prefix(b"\"")?.strip_suffix(b"\"")?;
+    (!inner.contains(&b'\\'))
+        .then(|| std::str::from_utf8(inner).ok())
+        .flatten()
 }
 
 /// The parts of a content that is text: a string (none), or an array of text parts.
-fn text_parts(content: Option<&RawValue>) -> Option<u64> {
-    let raw = content?.get();
-    if raw.starts_with('"') {
+fn text_parts(content: Option<&[u8]>) -> Option<u64> {
+    let raw = content?;
+    if raw.starts_with(b"\"") {
         return Some(0);
     }
-    let parts: Vec<&RawValue> = serde_json::from_str(raw).ok()?;
+    let parts = array_items(raw)?;
     for p in &parts {
-        let part: Part = object(p.get())?;
-        if !matches!(part.kind.as_ref(), "input_text" | "output_text" | "text") {
+        let part = raw.get(p.clone())?;
+        let kind = string(member(part, &scan(part).ok()?, "type"))?;
+        if !matches!(kind, "input_text" | "output_text" | "text") {
             return None;
         }
     }
@@ -129,28 +121,35 @@ fn text_parts(content: Option<&RawValue>) -> Option<u64> {
 /// byte bound cannot see through (images, files, encrypted reasoning, other tools' calls)
 /// have none.
 pub fn item_bound(raw: &[u8]) -> Option<(u64, bool)> {
-    let item: Item = object(std::str::from_utf8(raw).ok()?)?;
+    if !raw.starts_with(b"{") {
+        return None;
+    }
+    let members = scan(raw).ok()?;
+    let get = |key: &str| member(raw, &members, key);
     let bytes = raw.len() as u64;
-    let text_output = |o: Option<&RawValue>| o.is_some_and(|o| o.get().starts_with('"'));
-    match item.kind.as_deref().unwrap_or("message") {
+    let kind = match get("type") {
+        None => "message",
+        some => string(some)?,
+    };
+    let absent = |v: Option<&[u8]>| v.is_none_or(|v| v == b"null");
+    match kind {
         "message" => {
-            let role = item.role.as_deref()?;
+            let role = string(get("role"))?;
             if !matches!(role, "user" | "assistant" | "system" | "developer") {
                 return None;
             }
-            let parts = text_parts(item.content)?;
+            let parts = text_parts(get("content"))?;
             Some((bytes + MESSAGE + BLOCK * parts, role == "assistant"))
         }
         "function_call" => {
-            let growth = arguments_growth(item.arguments);
+            let arguments = std::str::from_utf8(get("arguments")?).ok()?;
+            let growth = arguments_growth(Some(serde_json::from_str(arguments).ok()?));
             Some((bytes + growth + MESSAGE + BLOCK, true))
         }
-        "function_call_output" if text_output(item.output) => {
+        "function_call_output" if get("output").is_some_and(|o| o.starts_with(b"\"")) => {
             Some((bytes + MESSAGE + BLOCK, false))
         }
-        "reasoning" if item.encrypted_content.is_none_or(|e| e.get() == "null") => {
-            Some((bytes + MESSAGE + BLOCK, true))
-        }
+        "reasoning" if absent(get("encrypted_content")) => Some((bytes + MESSAGE + BLOCK, true)),
         _ => None,
     }
 }

@@ -90,12 +90,13 @@ const PREFIX: &str = "incontext.v1.prefix.";
 const OFF: &str = "incontext.v1.skip_off.";
 const TAIL_OFF: &str = "incontext.v1.tail_off.";
 
-/// The members that never change the prompt: the caps and the streaming switches.
-fn unrelated(key: &str) -> bool {
+/// The members that never change the prompt: the caps and the streaming switches, and those
+/// the dialect names as never rendered.
+fn unrelated(form: Form, key: &str) -> bool {
     matches!(
         key,
         "max_tokens" | "max_completion_tokens" | "max_output_tokens" | "stream" | "stream_options"
-    )
+    ) || form.unrendered(key)
 }
 
 /// The request's messages and the chain over them.
@@ -115,7 +116,7 @@ fn seed(req: &Request, body: &[u8], scope: &str, context_length: Option<u64>) ->
     field(&context_length.unwrap_or(0).to_le_bytes());
     field(&[req.form as u8]);
     for (i, m) in req.members.iter().enumerate() {
-        if Some(i) == req.form.conversation(&req.fields) || unrelated(&m.key) {
+        if Some(i) == req.form.conversation(&req.fields) || unrelated(req.form, &m.key) {
             continue;
         }
         field(m.key.as_bytes());

@@ -97,6 +97,15 @@ impl Form {
         }
     }
 
+    /// Whether a top-level member never reaches the prompt, whatever its value (a client may
+    /// change it every turn: it stays out of what identifies a conversation).
+    pub fn unrendered(self, key: &str) -> bool {
+        match self {
+            Form::Responses => responses::UNRENDERED.contains(&key),
+            Form::Chat | Form::Completion | Form::Messages => false,
+        }
+    }
+
     /// What this dialect's messages may carry that the server renders alike (the canonical
     /// form the prefix chain hashes).
     pub fn canon(self) -> &'static canonical::Canon {

@@ -21,6 +21,20 @@ pub fn is_cap(field: CapField) -> bool {
 /// A request without a cap is budgeted: the server would use the rest of the window.
 pub const REQUIRES_CAP: bool = false;
 
+/// Members the server never renders into the prompt: bookkeeping for the client and the
+/// server's storage (Codex sends its turn's ids in `client_metadata`, a new value every turn).
+pub const UNRENDERED: &[&str] = &[
+    "client_metadata",
+    "metadata",
+    "prompt_cache_key",
+    "store",
+    "include",
+    "user",
+    "safety_identifier",
+    "service_tier",
+    "background",
+];
+
 /// Input items are compared as the server parses them, nothing left out: clients send each
 /// item again as it was (docs/spec.md §15b).
 pub const CANON: super::canonical::Canon = super::canonical::Canon {

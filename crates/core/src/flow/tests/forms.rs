@@ -86,7 +86,8 @@ fn a_message_sent_again_in_a_form_that_renders_otherwise_is_counted() {
 }
 
 /// A Codex turn: instructions, the input items of `rounds` tool rounds after the question,
-/// the tools after the input, no cap, streamed.
+/// the tools after the input, no cap, streamed, and ids of its own in `client_metadata`
+/// that change every turn.
 fn codex_turn(rounds: usize, output: usize) -> &'static str {
     let mut items = vec![
         r#"{"type":"message","role":"developer","content":[{"type":"input_text","text":"<permissions>"}]}"#.to_string(),
@@ -102,7 +103,7 @@ fn codex_turn(rounds: usize, output: usize) -> &'static str {
         ));
     }
     leak(format!(
-        r#"{{"model":"m","instructions":"You are Codex.","input":[{}],"tools":[{{"type":"function","name":"shell","parameters":{{}}}}],"tool_choice":"auto","parallel_tool_calls":false,"store":false,"stream":true,"include":[],"prompt_cache_key":"s1"}}"#,
+        r#"{{"model":"m","instructions":"You are Codex.","input":[{}],"tools":[{{"type":"function","name":"shell","parameters":{{}}}}],"tool_choice":"auto","parallel_tool_calls":false,"store":false,"stream":true,"include":[],"prompt_cache_key":"s1","client_metadata":{{"turn_id":"t{rounds}"}}}}"#,
         items.join(",")
     ))
 }

@@ -20,6 +20,7 @@ QWEN_CODE_VERSION=0.24.4
 DIR="${INCONTEXT_AGENTS_DIR:-$HOME/.cache/incontext/agents}"
 
 bash "$ROOT/scripts/setup-vllm.sh"
+bash "$ROOT/scripts/setup-hermes.sh"   # Hermes Agent + the seed plugin (PyPI)
 
 want="claude-code@$CLAUDE_CODE_VERSION codex@$CODEX_VERSION opencode@$OPENCODE_VERSION"
 want="$want qwen-code@$QWEN_CODE_VERSION"

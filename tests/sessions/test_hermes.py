@@ -1,0 +1,400 @@
+"""Hermes Agent through Envoy + incontext against the real vLLM 0.32, and decision for decision
+against the seed plugin (PyPI `incontext`, Hermes' own output budgeting) — docs/agents.md,
+"Hermes Agent". Both pinned in their own virtualenv (scripts/setup-hermes.sh); a missing one
+FAILS the tests.
+
+Hermes refuses a model window under 64,000 tokens, and compresses at its threshold
+(64,000 for a 65,536-token window), so these tests serve the tiny Qwen3 with a 65,536-token
+window (one vLLM for the module, greedy decoding so that two runs of one conversation send the
+same prompts token for token). Hermes' cap is `model.max_tokens` B = 16 here (it doubles it
+for each of the three continuations of a reply cut by its cap: a turn is four main requests,
+16, 32, 64, 128), so the random-weight model's replies stay short; its default (65,536, the
+cap it sends to a custom provider) is the control's, against the suite's 12,288-token vLLM.
+
+The parity conversation (one user message of ~50k tokens, then a second sized by a probe to
+the edge) runs three times: Hermes with the seed plugin straight to vLLM; Hermes without it
+through incontext configured as the seed decides (`window_tokens` = Hermes' threshold, the
+same R and F, reject mode) with `skip_count: false`; and the same on the shipped
+`skip_count` default. The second turn is run twice from a copy of the first's state: its first
+request at exactly R tokens of room, and at R − 1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import httpx
+import pytest
+
+from tests.clients.stack import MODEL, Stack, Vllm
+from tests.harness.envoy import WASM, no_filter
+from tests.harness.servers import start_or_fail
+from tests.sessions import hermes as H
+from tests.sessions.clis import Tap
+from tests.sessions.conftest import WINDOW as SMALL_WINDOW
+from tests.sessions.hermes import Decision, Hermes, Probe
+
+B = 16                          # Hermes' model.max_tokens in the parity runs
+R = 8                           # INCONTEXT_MIN_OUTPUT_TOKENS / min_output_tokens (below B)
+F = 1024                        # the seed's default fallback margin, on both
+W = H.threshold(H.WINDOW, B)    # 64,000: Hermes' threshold, the seed's W
+SLACK = 64                      # a cap written from a bound may sit this far below (§15a)
+ROOM = 600                      # room left by the first turn's first request
+CAPS = [B, 2 * B, 4 * B, 8 * B]     # one turn: the request and its three continuations
+# Test-only additions to the configuration docs/agents.md shows: Hermes' cap; compression may
+# summarise the first messages and keeps the last three (the first turn's long message is
+# what it summarises); the summary request gets a cap (extra_body), which Hermes leaves out.
+EXTRA = {"model": {"max_tokens": B},
+         "compression": {"protect_first_n": 0, "protect_last_n": 3},
+         "auxiliary": {"compression": {"extra_body": {"max_tokens": 64}}}}
+FIRST = "Read this:"
+SECOND = "More:"
+FILL = " a"                     # one Qwen3 token each
+DOC = Path(__file__).resolve().parents[2] / "docs" / "agents.md"
+
+
+class WideVllm(Vllm):
+    """The tiny Qwen3 with a 65,536-token window (above its config's 40,960 positions, which
+    dummy weights do not mind) and greedy decoding."""
+
+    def _env(self):
+        env = super()._env()
+        env["INCONTEXT_VLLM_MAX_MODEL_LEN"] = str(H.WINDOW)
+        env["VLLM_ALLOW_LONG_MAX_MODEL_LEN"] = "1"
+        return env
+
+
+@pytest.fixture(scope="module")
+def hermes_ready():
+    if not H.HERMES.exists():
+        pytest.fail(f"{H.HERMES} is missing: run scripts/setup-hermes.sh", pytrace=False)
+    if not WASM.is_file() and not no_filter():
+        pytest.fail(f"{WASM} is missing: run scripts/setup.sh", pytrace=False)
+
+
+GREEDY = ("--override-generation-config", json.dumps({"temperature": 0}))
+
+
+@pytest.fixture(scope="module")
+def wide(hermes_ready, tmp_path_factory):
+    """The 65,536-token vLLM; INCONTEXT_HERMES_VLLM_STATE + INCONTEXT_HERMES_VLLM_PORT reuse a
+    running one (started as README.md shows; left running)."""
+    state = os.environ.get("INCONTEXT_HERMES_VLLM_STATE")
+    port = os.environ.get("INCONTEXT_HERMES_VLLM_PORT")
+    if state and port:
+        server, keep = WideVllm(Path(state), int(port)), True
+    else:
+        server, keep = WideVllm(tmp_path_factory.mktemp("vllm-wide"), extra_args=GREEDY), False
+    start_or_fail(server, "vLLM (65,536-token window)", stop_on_failure=not keep)
+    stack = Stack(server, tmp_path_factory.mktemp("hermes-envoy"))
+    yield server, stack
+    stack.stop()
+    if not keep:
+        server.stop()
+
+
+def count(server, body: dict) -> int:
+    return server.count_chat(body["messages"], tools=body.get("tools"))
+
+
+# --- one run of the parity conversation -----------------------------------------------------
+@dataclass
+class Run:
+    """The main requests of each part of one system's run, and its summary requests."""
+    turn1: List[Decision]
+    edge: Dict[str, List[Decision]]         # "R", "R-1": the second turn from the same state
+    summaries: Dict[str, int]               # part -> how many summary requests it made
+    first_in_turn: Dict[str, str]           # part -> "main" or "summary": its first chat call
+    second: int                             # the second message's filler
+
+
+SEED_LINE = re.compile(r"incontext model=\S+ source=\S+ prompt_tokens=(\d+) "
+                       r"compression_window=(\d+) (?:max_tokens=(\d+)|action=requires_compression)")
+
+
+def seed_decisions(h: Hermes, since: int) -> List[tuple]:
+    """The seed's own record of each request it saw (main and summary), from Hermes' log:
+    (P, its cap or None when it left the request as Hermes made it)."""
+    text = (h.hermes_home / "logs" / "agent.log").read_text(errors="replace")[since:]
+    return [(int(m.group(1)), int(m.group(3)) if m.group(3) else None)
+            for m in SEED_LINE.finditer(text) if int(m.group(2)) == W]
+
+
+def log_size(h: Hermes) -> int:
+    p = h.hermes_home / "logs" / "agent.log"
+    return len(p.read_text(errors="replace")) if p.exists() else 0
+
+
+def decisions(server, sent, turn: int, seed: Optional[List[tuple]] = None) -> List[Decision]:
+    """Every main request of one turn, in order; ``seed``: the seed's log lines of the same
+    traffic (one per main request: it leaves Hermes' summary requests, which go out under the
+    provider `auto`, to Hermes)."""
+    out: List[Decision] = []
+    chats = H.chat_calls(sent)
+    if seed is not None:
+        assert len(seed) == len(H.main_calls(sent)), \
+            (seed, [(s.status, H.is_summary(s)) for s in chats])
+    after_summary = False
+    i = -1
+    for s in chats:
+        if H.is_summary(s):
+            after_summary = True
+            continue
+        i += 1
+        body = s.body
+        p = count(server, body)
+        ic = H.incontext_of(s)
+        if seed is not None:
+            seed_p, seed_cap = seed[i]
+            assert seed_p == p, (i, seed_p, p)
+            asked = body["max_tokens"] if seed_cap is None else None
+            d = Decision(p, asked, body["max_tokens"], s.status,
+                         "rewritten" if seed_cap is not None else "unchanged", "exact", turn,
+                         after_summary)
+        else:
+            action = ic.get("x-incontext-action", "")
+            cap = int(ic["x-incontext-max-tokens"]) if action == "rewritten" else \
+                (None if action == "rejected" else body["max_tokens"])
+            d = Decision(p, body["max_tokens"], cap, s.status, action,
+                         ic.get("x-incontext-source", ""), turn, after_summary)
+            if ic.get("x-incontext-source") == "exact":
+                assert int(ic["x-incontext-prompt-tokens"]) == p, (i, ic, p)
+        out.append(d)
+        after_summary = False
+    return out
+
+
+def converse(name: str, server, target: str, workdir: Path, fill: int,
+             second: Optional[int], seed: bool) -> Run:
+    """Hermes (with the seed plugin when ``seed``) through a Tap in front of ``target``:
+    the first turn, then the second from the same saved state at R and at R − 1. ``second``:
+    the second message's filler that puts its first request at W − R; None: read it here by a
+    probe of that request from the first turn's state (``Run.second``)."""
+    env = H.seed_env(server.url, R, F) if seed else None
+    h = Hermes(workdir, target, extra=EXTRA, seed=env).fresh()
+    saved = workdir.parent / f"{workdir.name}-{name}-turn1"
+    with Tap(target) as tap:
+        t = h.turn(FIRST + FILL * fill, first=True, base_url=tap.url)
+    assert t.returncode == 0, (name, t.stdout[-500:], t.stderr[-500:])
+    turn1 = decisions(server, tap.sent, 1, seed_decisions(h, 0) if seed else None)
+    if saved.exists():
+        shutil.rmtree(saved)
+    h.snapshot(saved)
+    if second is None:
+        with Probe() as probe:
+            h.turn(SECOND + FILL * 100, first=False, base_url=probe.url)
+        assert probe.body is not None, "Hermes sent no second-turn request to the probe"
+        second = 100 + (W - R - count(server, probe.body))
+    edge, summaries, first_in = {}, {}, {}
+    for part, n in (("R", second), ("R-1", second + 1)):
+        h.restore(saved)
+        since = log_size(h)
+        with Tap(target) as tap:
+            t = h.turn(SECOND + FILL * n, first=False, base_url=tap.url)
+        assert t.returncode == 0, (name, part, t.stdout[-500:], t.stderr[-500:])
+        chats = H.chat_calls(tap.sent)
+        summaries[part] = sum(H.is_summary(s) for s in chats)
+        first_in[part] = "summary" if chats and H.is_summary(chats[0]) else "main"
+        edge[part] = decisions(server, tap.sent, 2, seed_decisions(h, since) if seed else None)
+    shutil.rmtree(saved)
+    return Run(turn1, edge, summaries, first_in, second)
+
+
+def first_fill(server, workdir: Path) -> int:
+    """The filler of the first message that leaves ROOM tokens of room below W in the first
+    request: Hermes' prompt without it, read by a probe (fresh HOME, same directory)."""
+    with Probe() as probe:
+        Hermes(workdir, probe.url, extra=EXTRA).fresh().turn(FIRST + FILL * 100, first=True)
+    assert probe.body is not None, "Hermes sent no chat request to the probe"
+    return W - ROOM - (count(server, probe.body) - 100)
+
+
+@pytest.fixture(scope="module")
+def parity(wide, tmp_path_factory):
+    server, stack = wide
+    workdir = tmp_path_factory.mktemp("hermes-parity") / "w"
+    fill = first_fill(server, workdir)
+    seed = converse("seed", server, server.url, workdir, fill, None, seed=True)
+    runs = {"seed": seed}
+    for name, changes in (("exact", {"skip_count": False}), ("default", {})):
+        env = stack.envoy(f"hermes-as-seed-{name}", context_length=H.WINDOW,
+                          **H.seed_plugin_config(R, F, W), **changes)
+        runs[name] = converse(name, server, env.url, workdir, fill, seed.second, seed=False)
+    return runs
+
+
+def caps(ds: List[Decision]) -> list:
+    return [d.cap for d in ds]
+
+
+# --- parity with the seed ---------------------------------------------------------------------
+def test_first_turn_same_prompt_decision_and_cap(parity):
+    """Four main requests (the reply and its three continuations), each with room for
+    Hermes' own cap: the seed writes it, incontext keeps or writes the same value; the same P
+    (the seed's /tokenize count = incontext's = vLLM's)."""
+    seed, exact, default = parity["seed"], parity["exact"], parity["default"]
+    for d in seed.turn1 + exact.turn1 + default.turn1:
+        assert d.status == 200, d
+    assert caps(seed.turn1) == caps(exact.turn1) == caps(default.turn1) == CAPS
+    assert [d.prompt for d in seed.turn1] == [d.prompt for d in exact.turn1] == \
+        [d.prompt for d in default.turn1]
+    # (A first Hermes run on a machine may have sent a slightly longer system prompt to the
+    # probe that sized the first message.)
+    assert W - ROOM - SLACK <= seed.turn1[0].prompt <= W - ROOM, seed.turn1[0]
+    assert [d.action for d in exact.turn1] == ["rewritten"] * 4
+    assert {d.source for d in exact.turn1} == {"exact"}
+    # Shipped default: the first counted, the continuations proved to fit by a bound.
+    assert [(d.action, d.source) for d in default.turn1] == \
+        [("rewritten", "exact")] + [("unchanged:fits", "bound")] * 3
+
+
+def test_compression_on_the_same_turn_at_r_minus_1(parity):
+    """Room R − 1 at the second turn's first request: the seed makes Hermes compress before
+    sending it (its preflight count); incontext rejects it (P = W − R + 1) and Hermes
+    compresses on that answer. Then the same four main requests, each served with Hermes'
+    cap."""
+    seed = parity["seed"]
+    assert seed.first_in_turn["R-1"] == "summary" and seed.summaries["R-1"] == 1
+    assert caps(seed.edge["R-1"]) == CAPS
+    assert [d.after_summary for d in seed.edge["R-1"]] == [True, False, False, False]
+    for name in ("exact", "default"):
+        run = parity[name]
+        rejected, *served = run.edge["R-1"]
+        assert (rejected.action, rejected.status, rejected.source) == ("rejected", 400, "exact")
+        assert rejected.prompt == W - R + 1, rejected
+        assert run.summaries["R-1"] == 1 and run.first_in_turn["R-1"] == "main"
+        assert caps(served) == caps(seed.edge["R-1"]) == CAPS, (name, served)
+        assert [d.after_summary for d in served] == [True, False, False, False]
+        assert {d.status for d in served} == {200}
+
+
+def test_exactly_r_of_room_is_served_with_r(parity):
+    """Room R at the second turn's first request: both write R (the boundary keeps the
+    request). The reply then fills the window, and the continuation Hermes sends next no
+    longer fits: that is where they part (docs/agents.md) — the seed leaves it as Hermes made
+    it (its check runs at a turn's start; mid-turn Hermes' own rough estimate decides, and it
+    sees no pressure), so vLLM serves it past W up to its own window; incontext answers the
+    window-full error and Hermes compresses there."""
+    seed = parity["seed"]
+    first, *rest = seed.edge["R"]
+    assert (first.prompt, first.cap, first.status) == (W - R, R, 200)
+    assert seed.summaries["R"] == 0
+    assert [(d.cap, d.action, d.status) for d in rest] == \
+        [(c, "unchanged", 200) for c in CAPS[1:]]
+    assert all(d.prompt > W - R for d in rest), rest
+    for name in ("exact", "default"):
+        run = parity[name]
+        first_i, rejected, *served = run.edge["R"]
+        assert (first_i.prompt, first_i.cap, first_i.status, first_i.action,
+                first_i.source) == (W - R, R, 200, "rewritten", "exact"), first_i
+        assert (rejected.action, rejected.status) == ("rejected", 400), rejected
+        assert rejected.prompt == rest[0].prompt, (rejected, rest[0])
+        assert run.summaries["R"] == 1
+        assert served and {d.status for d in served} == {200}, served
+        assert served[0].after_summary
+
+
+def test_bounded_caps_within_their_slack(parity):
+    """The shipped default (skip_count on): every cap incontext wrote or kept is the seed's,
+    or — written from a bound — at most SLACK below it; never above."""
+    seed, default = parity["seed"], parity["default"]
+    pairs = list(zip(seed.turn1, default.turn1)) + list(zip(seed.edge["R-1"],
+                                                            default.edge["R-1"][1:]))
+    assert len(pairs) == 8
+    for s, d in pairs:
+        if d.source == "bound" and d.action == "rewritten":
+            assert s.cap - SLACK <= d.cap <= s.cap, (s, d)
+        else:
+            assert d.cap == s.cap, (s, d)
+
+
+# --- through incontext: served the first time --------------------------------------------------
+def test_conversation_served_first_time_through_incontext(wide, tmp_path):
+    """A two-turn conversation through Envoy + incontext (the suite's base configuration at
+    Hermes' window): eight main requests, each served the first time. What Hermes sends:
+    streamed with usage, 17 tools, its cap doubled for each continuation, no session
+    header."""
+    server, stack = wide
+    env = stack.envoy("hermes-served", context_length=H.WINDOW, min_output_tokens=64)
+    h = Hermes(tmp_path / "w", env.url, extra=EXTRA).fresh()
+    with Tap(env.url) as tap:
+        for i, text in enumerate(("Say hello.", "Say goodbye.")):
+            t = h.turn(text, first=i == 0, base_url=tap.url)
+            assert t.returncode == 0, (t.stdout[-500:], t.stderr[-500:])
+    chats = H.chat_calls(tap.sent)
+    main = H.main_calls(tap.sent)
+    assert len(main) == len(chats) == 8, [(s.status, H.is_summary(s)) for s in chats]
+    assert [s.status for s in main] == [200] * 8
+    assert [s.body["max_tokens"] for s in main] == CAPS * 2
+    for s in main:
+        assert s.body["stream"] is True and s.body["stream_options"] == {"include_usage": True}
+        assert len(s.body["tools"]) == 17, len(s.body["tools"])
+        assert not [k for k in s.headers if "session" in k], s.headers
+        ic = H.incontext_of(s)
+        assert ic["x-incontext-action"] in ("rewritten", "unchanged:fits"), ic
+        if ic["x-incontext-source"] == "exact":
+            assert int(ic["x-incontext-prompt-tokens"]) == count(server, s.body)
+
+
+# --- the control: Hermes' default cap against a smaller window ---------------------------------
+REFUSED = f"max_tokens=65536 cannot be greater than max_model_len={SMALL_WINDOW}"
+
+
+def test_default_cap_refused_straight_served_through_incontext(vllm, stack, hermes_ready,
+                                                              tmp_path):
+    """Hermes' own cap (65,536 for a custom provider, no model.max_tokens) at its configured
+    window 65,536 against the suite's vLLM with 12,288: straight to vLLM every main request is
+    refused (the cap is above the window). Through incontext (reject mode, a window of P + 64
+    so the reply is short) the same request is served with W − P; its continuation, which no
+    longer fits any window, gets incontext's window-full answer — no request reaches vLLM to
+    be refused — and Hermes, which compresses on it, stops: the model's 12,288-token window is
+    below the 64,000 it needs for compression."""
+    work = tmp_path / "w"
+    with Tap(vllm.url) as tap:
+        h = Hermes(work, tap.url).fresh()
+        t = h.oneshot("Say hello.")
+    main = H.main_calls(tap.sent)
+    assert main and [s.status for s in main] == [400] * len(main), \
+        [(s.status, s.body.get("max_tokens")) for s in main]
+    assert {s.body["max_tokens"] for s in main} == {65536}
+    assert "below the minimum 64,000" in t.stdout + t.stderr + h.log()
+    p = count(vllm, main[0].body)
+    # What vLLM answered it (Hermes' one-shot mode logs nothing): the same body, not streamed.
+    again = httpx.post(vllm.url + "/v1/chat/completions", timeout=60,
+                       json={**main[0].body, "stream": False, "stream_options": None})
+    assert again.status_code == 400 and REFUSED in again.text, again.text[:500]
+
+    env = stack.envoy("hermes-control", context_length=SMALL_WINDOW, window_tokens=p + 64,
+                      min_output_tokens=64, on_insufficient="reject")
+    with Tap(env.url) as tap:
+        h = Hermes(work, tap.url).fresh()
+        t = h.oneshot("Say hello.")
+    main = H.main_calls(tap.sent)
+    first, *rest = main
+    ic = H.incontext_of(first)
+    assert (first.status, ic["x-incontext-action"], int(ic["x-incontext-prompt-tokens"]),
+            int(ic["x-incontext-max-tokens"])) == (200, "rewritten", p, 64), (first.status, ic)
+    assert rest, "Hermes sent no continuation"
+    for s in rest:
+        assert (s.status, H.incontext_of(s)["x-incontext-action"]) == (400, "rejected")
+    assert "below the minimum 64,000" in t.stdout + t.stderr, (t.stdout[-500:], t.stderr[-500:])
+
+
+# --- docs/agents.md ---------------------------------------------------------------------------
+def test_docs_show_the_hermes_configurations():
+    """docs/agents.md shows each Hermes configuration these tests run, verbatim: the blocks
+    after `<!-- tests/sessions/hermes: NAME -->`."""
+    text = DOC.read_text()
+    found = re.findall(r"<!-- tests/sessions/hermes: (\S+) -->\n```[a-z]*\n(.*?)```", text,
+                       re.S)
+    assert sorted(n for n, _ in found) == sorted(H.SNIPPETS), \
+        "docs/agents.md must show each Hermes configuration exactly once"
+    for name, block in found:
+        assert block == H.SNIPPETS[name], f"docs/agents.md's {name} differs from the tests'"
+    assert MODEL in H.HERMES_CONFIG

@@ -165,3 +165,22 @@ def test_anthropic_forms_render_alike_and_keep_their_prefix(vllm, exact, name, c
     nxt = grown(second, "commit it")
     reply = exact.post_head({"model": MODEL, "max_tokens": 16, "messages": nxt}, "/v1/messages")
     check_bounded(reply, anthropic_count(vllm, nxt))
+
+
+def test_a_message_sent_again_without_a_block_is_bounded_by_its_earlier_count(vllm, exact):
+    """Qwen Code's newest message carries the date reminder as a block of its own and the
+    next turn sends that message without it: vLLM renders it to fewer tokens, and the
+    earlier count bounds it."""
+    date = {"type": "text", "text": "<system-reminder>Today is Sunday.</system-reminder>"}
+    first = [{"role": "system", "content": "You are Qwen Code (blocks)."},
+             {"role": "user", "content": [date, {"type": "text", "text": "List the files."}]}]
+    counted = exact.post_head({"model": MODEL, "max_tokens": 16, "messages": first},
+                              "/v1/chat/completions")
+    assert counted.source == "exact", counted.describe()
+    nxt = [first[0], {"role": "user", "content": [{"type": "text", "text": "List the files."}]},
+           {"role": "assistant", "content": "main.py"},
+           {"role": "user", "content": [date, {"type": "text", "text": "Read main.py."}]}]
+    assert vllm.count_chat(nxt[:2]) < vllm.count_chat(first)
+    reply = exact.post_head({"model": MODEL, "max_tokens": 16, "messages": nxt},
+                            "/v1/chat/completions")
+    check_bounded(reply, vllm.count_chat(nxt))

@@ -51,7 +51,7 @@ fn object(
     canon: &Canon,
     raw: &[u8],
     out: &mut Vec<u8>,
-    value: impl Fn(&Canon, &str, &[u8], &mut Vec<u8>) -> Option<()>,
+    mut value: impl FnMut(&Canon, &str, &[u8], &mut Vec<u8>) -> Option<()>,
 ) -> Option<()> {
     let members = members(raw)?;
     out.push(b'{');
@@ -149,6 +149,67 @@ fn lone_text<'a>(canon: &Canon, block: &'a [u8]) -> Option<&'a [u8]> {
         .then_some(text)
 }
 
+/// A message's text block by block, where its content is text only: a string, or an array of
+/// text blocks (none empty). `shape` digests the rest of its canonical form (role, name, …);
+/// `texts` each text as the server parses it. The server renders such a content as its texts
+/// joined by a newline (a lone one as itself), so a message sent again with some of its
+/// blocks left out, and nothing else changed, renders to a subsequence of the text it had
+/// (docs/spec.md §15b): Qwen Code drops the date reminder of its newest message once a newer
+/// one comes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Texts {
+    pub shape: u64,
+    pub texts: Vec<u64>,
+}
+
+/// See [`Texts`]; `None` for a message whose content is anything but text, or empty.
+pub fn texts(canon: &Canon, raw: &[u8]) -> Option<Texts> {
+    let digest = |text: &[u8]| -> Option<u64> {
+        let mut out = Vec::with_capacity(text.len());
+        compact(std::str::from_utf8(text).ok()?, &mut out)?;
+        Some(crate::digest::digest(&out) as u64)
+    };
+    let mut content = None;
+    let mut rest = Vec::new();
+    object(canon, raw, &mut rest, |_, key, value, out| {
+        if key == "content" {
+            content = Some(value.to_vec());
+            Some(())
+        } else {
+            compact(std::str::from_utf8(value).ok()?, out)
+        }
+    })?;
+    let content = content?;
+    let texts = if content.starts_with(b"[") {
+        let items = array_items(&content)?;
+        let mut texts = Vec::with_capacity(items.len());
+        for item in items {
+            texts.push(digest(lone_text(canon, content.get(item)?)?)?);
+        }
+        texts
+    } else if content.starts_with(b"\"") && content != b"\"\"" {
+        vec![digest(&content)?]
+    } else {
+        return None;
+    };
+    (!texts.is_empty()).then(|| Texts {
+        shape: crate::digest::digest(&rest) as u64,
+        texts,
+    })
+}
+
+impl Texts {
+    /// Whether `self` is `earlier` with one or more of its blocks left out: the same shape,
+    /// and its texts a shorter subsequence of `earlier`'s.
+    pub fn leaves_out(&self, earlier: &Texts) -> bool {
+        if self.shape != earlier.shape || self.texts.len() >= earlier.texts.len() {
+            return false;
+        }
+        let mut rest = earlier.texts.iter();
+        self.texts.iter().all(|t| rest.any(|e| e == t))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -234,6 +295,52 @@ mod tests {
         assert_eq!(canonical(&CHAT, tool_use), tool_use);
         let args = r#"{"role":"assistant","tool_calls":[{"function":{"name":"f","arguments":"{\"cache_control\":1}"},"cache_control":{}}]}"#;
         assert_eq!(canonical(&CHAT, args), args);
+    }
+
+    #[test]
+    fn a_message_that_leaves_out_blocks_is_told() {
+        let texts = |raw: &str| texts(&CHAT, raw.as_bytes()).unwrap();
+        let newest = texts(
+            r#"{"role":"user","content":[{"type":"text","text":"<date>"},{"type":"text","text":"go","cache_control":{}}]}"#,
+        );
+        assert_eq!(newest.texts.len(), 2);
+        for later in [
+            r#"{"role":"user","content":[{"type":"text","text":"go"}]}"#,
+            r#"{"role":"user","content":"go"}"#,
+            r#"{"role":"user","content":"<date>"}"#,
+        ] {
+            assert!(texts(later).leaves_out(&newest), "{later}");
+        }
+        for other in [
+            // Nothing left out, another text, another order, another role, more members.
+            r#"{"role":"user","content":[{"type":"text","text":"<date>"},{"type":"text","text":"go"}]}"#,
+            r#"{"role":"user","content":"og"}"#,
+            r#"{"role":"assistant","content":"go"}"#,
+            r#"{"role":"user","content":"go","name":"n"}"#,
+        ] {
+            assert!(!texts(other).leaves_out(&newest), "{other}");
+        }
+        let three = texts(
+            r#"{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"},{"type":"text","text":"c"}]}"#,
+        );
+        assert!(texts(
+            r#"{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"c"}]}"#
+        )
+        .leaves_out(&three));
+        assert!(!texts(
+            r#"{"role":"user","content":[{"type":"text","text":"c"},{"type":"text","text":"a"}]}"#
+        )
+        .leaves_out(&three));
+        // Only text is told block by block.
+        for none in [
+            r#"{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url","image_url":{}}]}"#,
+            r#"{"role":"user","content":[{"type":"text","text":""},{"type":"text","text":"a"}]}"#,
+            r#"{"role":"user","content":""}"#,
+            r#"{"role":"user","content":[]}"#,
+            r#"{"role":"user"}"#,
+        ] {
+            assert_eq!(super::texts(&CHAT, none.as_bytes()), None, "{none}");
+        }
     }
 
     #[test]

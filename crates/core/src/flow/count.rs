@@ -118,6 +118,9 @@ fn cached(ctx: &mut Ctx, req: Request, body: Vec<u8>, looked: Option<Looked>) ->
         link: chain.as_ref().and_then(|c| c.links.last().copied()),
         sent_ms: None,
     });
+    if let Some(chain) = &chain {
+        proof::remember_last(ctx, &pending, chain);
+    }
     match chain.and_then(|chain| proof::prove(ctx, &pending, &chain)) {
         Some(proof::Proof::Fits(p_hi)) => Next::Send(pending, p_hi),
         Some(proof::Proof::Tail(call, awaited)) => {

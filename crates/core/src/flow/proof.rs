@@ -87,11 +87,11 @@ pub fn prove(ctx: &mut Ctx, pending: &Pending, chain: &bound::Chain) -> Option<P
     }
     let n = chain.links.len();
     for k in (n.saturating_sub(bound::MAX_PROBES).max(1)..=n).rev() {
-        let Some(anchor) = chain.links.get(k - 1).and_then(|link| ctx.anchor(*link)) else {
+        let Some((anchor, prefix_tokens)) = prefix(ctx, pending, chain, k) else {
             continue;
         };
         let body = &pending.body;
-        let bounds = bound::bounds(req.form, body, chain, k, anchor.tokens)?;
+        let bounds = bound::bounds(req.form, body, chain, k, prefix_tokens)?;
         let p_hi = bounds.p_hi;
         if needs
             .fits
@@ -120,6 +120,40 @@ pub fn prove(ctx: &mut Ctx, pending: &Pending, chain: &bound::Chain) -> Option<P
         return Some(Proof::Tail(call, awaited));
     }
     None
+}
+
+/// The anchor that bounds the first `k` messages of the conversation, and the tokens they
+/// are bounded by: the anchor of those very messages; else, where message `k − 1` is the
+/// last message of an earlier conversation sent again with text blocks left out, that
+/// conversation's anchor and RESHAPE more (docs/spec.md §15b).
+fn prefix(
+    ctx: &mut Ctx,
+    pending: &Pending,
+    chain: &bound::Chain,
+    k: usize,
+) -> Option<(bound::Entry, u64)> {
+    if let Some(anchor) = chain
+        .links
+        .get(k.checked_sub(1)?)
+        .and_then(|l| ctx.anchor(*l))
+    {
+        return Some((anchor, anchor.tokens));
+    }
+    let before = *chain.links.get(k.checked_sub(2)?)?;
+    let last = ctx.last(before)?;
+    if !bound::leaves_out(pending.req.form, &pending.body, chain, k, &last) {
+        return None;
+    }
+    let anchor = ctx.anchor(last.link)?;
+    Some((anchor, anchor.tokens.checked_add(bound::RESHAPE)?))
+}
+
+/// Keeps the request's last message under the link before it, for a later turn that sends
+/// it again with text blocks left out (see [`prefix`]).
+pub fn remember_last(ctx: &mut Ctx, pending: &Pending, chain: &bound::Chain) {
+    if let Some((before, last)) = bound::last(pending.req.form, &pending.body, chain) {
+        ctx.put_last(before, &last);
+    }
 }
 
 /// What a tail's count must meet: P_hi = `base` + the count; the request skips its count

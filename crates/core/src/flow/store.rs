@@ -110,6 +110,18 @@ impl Ctx<'_> {
         bound::decode(link, &self.host.get_shared(&slot)?)
     }
 
+    /// The last message of the conversation before `before` (see [`bound::Last`]).
+    pub fn last(&mut self, before: u128) -> Option<bound::Last> {
+        let slot = bound::last_key(before, self.config().cache_entries);
+        bound::decode_last(before, &self.host.get_shared(&slot)?)
+    }
+
+    pub fn put_last(&mut self, before: u128, last: &bound::Last) {
+        let slot = bound::last_key(before, self.config().cache_entries);
+        self.host
+            .set_shared(&slot, &bound::encode_last(before, last));
+    }
+
     pub fn put_anchor(&mut self, link: u128, anchor: bound::Entry) {
         let slot = bound::slot_key(link, self.config().cache_entries);
         self.host.set_shared(&slot, &bound::encode(link, anchor));

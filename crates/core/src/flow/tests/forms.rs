@@ -203,3 +203,87 @@ fn responses_items_the_bound_cannot_see_through_are_counted() {
     assert_eq!(host.count(Metric::TailCounts), 0);
     assert_eq!(host.calls.len(), 2);
 }
+
+/// A Qwen Code turn: the newest user message carries the date reminder as a block of its
+/// own, which the next turn leaves out of it.
+fn qwen_turn(prompts: &[&str]) -> &'static str {
+    let mut m = vec![r#"{"role":"system","content":"You are Qwen Code."}"#.to_string()];
+    for (i, prompt) in prompts.iter().enumerate() {
+        let date = if i + 1 == prompts.len() {
+            r#"{"type":"text","text":"<system-reminder>The date is today.</system-reminder>"},"#
+        } else {
+            ""
+        };
+        m.push(format!(
+            r#"{{"role":"user","content":[{date}{{"type":"text","text":"{prompt}"}}]}}"#
+        ));
+        if i + 1 < prompts.len() {
+            m.push(format!(
+                r#"{{"role":"assistant","content":"Done with {prompt}."}}"#
+            ));
+        }
+    }
+    leak(format!(
+        r#"{{"model":"m","messages":[{}],"max_tokens":32768,"stream":true,"stream_options":{{"include_usage":true}},"tools":[]}}"#,
+        m.join(",")
+    ))
+}
+
+#[test]
+fn a_message_sent_again_without_its_date_block_keeps_the_count_it_was_in() {
+    let (p, mut host) = setup(SKIP);
+    let chat = "/v1/chat/completions";
+    counted(
+        &p,
+        &mut host,
+        chat,
+        qwen_turn(&["list"]),
+        &tokenized(900, 40960),
+    );
+    let (mut y, step) = send(&p, &mut host, chat, qwen_turn(&["list", "read"]));
+    assert!(matches!(step, Step::Done(Action::Continue)));
+    assert_eq!(host.calls.len(), 1, "no count on the path");
+    assert_eq!(action(&y, &p), "unchanged:fits");
+    let p_hi: u64 = header(&y, &p, HEADER_PROMPT).unwrap().parse().unwrap();
+    assert!(p_hi > 900 + bound::RESHAPE + bound::TAIL, "{p_hi}");
+    // Its check anchors it; the turn after leaves that turn's date out in turn.
+    y.on_stream_end(&p, &mut host);
+    answer_check(&p, &mut host, &mut y, 960);
+    let (_, step) = send(&p, &mut host, chat, qwen_turn(&["list", "read", "add"]));
+    assert!(matches!(step, Step::Done(Action::Continue)));
+    assert_eq!(host.count(Metric::CountSkipped), 2);
+    assert_eq!(host.count(Metric::BoundViolations), 0);
+}
+
+#[test]
+fn a_message_sent_again_with_a_block_changed_is_counted() {
+    let (p, mut host) = setup(SKIP);
+    let chat = "/v1/chat/completions";
+    counted(
+        &p,
+        &mut host,
+        chat,
+        qwen_turn(&["list"]),
+        &tokenized(900, 40960),
+    );
+    for changed in [
+        // Another text where the date was, or the blocks in another order.
+        qwen_turn(&["list", "read"]).replacen(
+            r#"[{"type":"text","text":"list"}]"#,
+            r#"[{"type":"text","text":"<system-reminder>Another day.</system-reminder>"},{"type":"text","text":"list"}]"#,
+            1,
+        ),
+        qwen_turn(&["list", "read"]).replacen(
+            r#"[{"type":"text","text":"list"}]"#,
+            r#"[{"type":"text","text":"list"},{"type":"text","text":"<system-reminder>The date is today.</system-reminder>"}]"#,
+            1,
+        ),
+    ] {
+        let calls = host.calls.len();
+        let (_, step) = send(&p, &mut host, chat, leak(changed));
+        assert!(matches!(step, Step::Wait));
+        assert_eq!(host.calls.len(), calls + 1);
+    }
+    assert_eq!(host.count(Metric::CountSkipped), 0);
+    assert_eq!(host.count(Metric::TailCounts), 0);
+}

@@ -1,9 +1,11 @@
 //! Counting only when the count can change the decision (docs/spec.md §15).
 //!
-//! A conversation's prefix is identified by a hash chain over its messages: link `i` hashes
-//! link `i − 1` and the raw bytes of message `i` exactly as they stand in the body, seeded by
-//! everything else that can change the prompt (every other top-level member except the caps
-//! and the stream switches, the tokenizer route and C). After an exact count the filter keeps
+//! A conversation's prefix is identified by a hash chain over its messages (Responses: its
+//! input items): link `i` hashes link `i − 1` and the canonical form of message `i`
+//! (`dialect::canonical`: two forms share it only where the server renders them alike),
+//! seeded by everything else that can change the prompt (every other top-level member except
+//! the caps, the stream switches and what the dialect never renders, the tokenizer route and
+//! C). After an exact count the filter keeps
 //! `(link n, count)` in a direct-mapped table in shared data, like the count cache: the next
 //! turn, whose messages start with these n, finds it and bounds its own prompt by
 //!

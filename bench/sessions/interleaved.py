@@ -191,6 +191,30 @@ def run_one(glue, n, turns, extra, workdir):
     }
 
 
+def mib(n):
+    return f"{n / (1 << 20):+.1f}"
+
+
+def markdown(jsonl):
+    """The rows of `jsonl` as a table, by label, build and N; each share also as a ratio to
+    the 50-session share of the same label and build."""
+    rows = [json.loads(line) for line in Path(jsonl).read_text(encoding="utf-8").splitlines()
+            if line.strip()]
+    base = {(r["label"], r["glue"]): r["share"] for r in rows if r["sessions"] == 50}
+    out = ["| build | glue | sessions | grown turns | without a count | ratio to 50 | "
+           "evictions | evicted recounts | heap allocated | heap size | RSS |",
+           "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
+    for r in rows:
+        b = base.get((r["label"], r["glue"]))
+        ratio = f"{r['share'] / b:.3f}" if b else "—"
+        na = lambda v: "—" if v is None else str(v)  # noqa: E731
+        out.append(f"| {r['label']} | {r['glue']} | {r['sessions']:,} | {r['grown']:,} | "
+                   f"{100 * r['share']:.1f} % | {ratio} | {na(r['evictions'])} | "
+                   f"{na(r['evicted_recounts'])} | {mib(r['heap_allocated_growth'])} MiB | "
+                   f"{mib(r['heap_size_growth'])} MiB | {mib(r['rss_growth'])} MiB |")
+    return "\n".join(out) + "\n"
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--glue", choices=("wasm", "module"), default="wasm")
@@ -200,7 +224,12 @@ def main():
                     help="JSON object merged into the shipped plugin configuration")
     ap.add_argument("--label", default="", help="names the build in the rows (e.g. 'before')")
     ap.add_argument("--jsonl", default=str(Path(__file__).with_name("results-interleaved.jsonl")))
+    ap.add_argument("--markdown", metavar="FILE",
+                    help="write the table of the rows in --jsonl to FILE and run nothing")
     args = ap.parse_args()
+    if args.markdown:
+        Path(args.markdown).write_text(markdown(args.jsonl), encoding="utf-8")
+        return
     extra = json.loads(args.filter_config)
     with tempfile.TemporaryDirectory(prefix="interleaved-") as tmp:
         for n in args.sessions:

@@ -141,7 +141,7 @@ def test_rule_files_are_the_expected_alerts():
                        for r in g["rules"]] for p in RULE_FILES}
     assert alerts == {
         "incontext-rules.yml": ["IncontextBoundViolation", "IncontextTokenizerFailing",
-                                "IncontextEstimatesRising"],
+                                "IncontextEstimatesRising", "IncontextTableTooSmall"],
         "incontext-rules-usage.yml": ["IncontextUsageMismatch"],
     }
     doc = (REPO / "docs" / "operations.md").read_text(encoding="utf-8")
@@ -272,7 +272,8 @@ def test_dashboard_covers_the_operator_metrics():
                  "incontext_tokenizer_calls", '"incontext_tokenizer_failures_.+"',
                  "incontext_bound_checks", "incontext_bound_violations", "incontext_translated",
                  "incontext_window_stop", "incontext_cache_hits", "incontext_cache_misses",
-                 "incontext_orphans", "incontext_wasm_memory_bytes", '"incontext_route_.+_requests"'):
+                 "incontext_orphans", "incontext_wasm_memory_bytes", '"incontext_route_.+_requests"',
+                 "incontext_evictions", "incontext_evicted_recounts"):
         assert name in exprs, f"{name} is on no panel"
 
 

@@ -77,16 +77,20 @@ def test_insufficient_result_is_cached_too(proxy, upstream):
 
 
 def test_cache_is_bounded(proxy_for, upstream):
+    """2 entries round up to one set of 16 (docs/spec.md §6): of 20 prompts, the 16 stored
+    last are held, the 4 stored first were evicted."""
     p = proxy_for(cfg(cache_entries=2))
     upstream.tokenizer.count(100)
-    bodies = [dumps(chat(max_tokens=100000)) for _ in range(10)]
+    bodies = [dumps(chat(max_tokens=100000)) for _ in range(20)]
     for b in bodies:
         assert_rewritten(p.post(b), 100)
-    assert len(upstream.tokenizer.snapshot()) == 10
-    for b in bodies:
-        p.post(b)
-    # at most 2 counts can be held, so at most 2 of the 10 repeats can be hits
-    assert len(upstream.tokenizer.snapshot()) >= 18
+    assert len(upstream.tokenizer.snapshot()) == 20
+    for b in bodies[4:]:
+        assert p.post(b).source == "cache"
+    assert len(upstream.tokenizer.snapshot()) == 20
+    for b in bodies[:4]:
+        assert_rewritten(p.post(b), 100)
+    assert len(upstream.tokenizer.snapshot()) == 24
 
 
 def test_other_context_length_counts_again(proxy_for, upstream):

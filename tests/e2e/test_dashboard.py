@@ -22,7 +22,7 @@ import pytest
 from tests.e2e.common import C, W, assert_rewritten, assert_unchanged, cfg, chat
 from tests.e2e.test_answers import (PROMPT_TOO_LONG, anthropic_json, messages_body, scripted,
                                     vllm_error)
-from tests.e2e.test_skip import second_turn, tail_count, wait_for_calls
+from tests.e2e.test_skip import second_turn, tail_count, turns, wait_for_calls
 from tests.harness import promql
 from tests.harness.promql import analyser  # noqa: F401 (a fixture)
 from tests.harness.upstream import Answer, ok
@@ -37,9 +37,9 @@ def exported(proxy) -> str:
 
 
 STRICT = "strict/model"
-# skip_count for the bound's counters, a route for the per-route counters (it rejects what
-# does not fit, for incontext_rejected).
-CONFIG = cfg(skip_count=True,
+# skip_count for the bound's counters, tables of one set of 16 entries for the evictions, a
+# route for the per-route counters (it rejects what does not fit, for incontext_rejected).
+CONFIG = cfg(skip_count=True, cache_entries=16,
              routes=[{"model": STRICT, "name": "strict", "on_insufficient": "reject"}])
 
 
@@ -95,6 +95,18 @@ def drive(proxy, upstream):
     h = scripted(upstream, Answer(200, [anthropic_json("max_tokens", "{max_tokens}")], length=True))
     stopped = proxy.post(messages_body(), path="/v1/messages", headers=h)
     assert stopped.delta.get("incontext_window_stop") == 1, stopped.delta
+
+    # In tables of one set, 16 other conversations evict a conversation's anchor before its
+    # second turn, which is counted whole.
+    upstream.tokenizer.count(100)
+    first, second = turns(2, 100000)
+    assert_rewritten(proxy.post(first), 100)
+    for _ in range(16):
+        assert_rewritten(proxy.post(turns(1, 100000)[0]), 100)
+    recounted = proxy.post(second)
+    assert_rewritten(recounted, 100)
+    assert recounted.delta.get("incontext_evicted_recounts") == 1, recounted.describe()
+    assert recounted.delta.get("incontext_evictions") == 2, recounted.describe()
 
     # A conversation near the window's edge: its new messages counted alone (a tail).
     calls = len(upstream.tokenizer.snapshot())

@@ -32,9 +32,9 @@ from tests.harness.upstream import ok
 
 LIMIT = 65536                 # max_body_bytes of this module's Envoy
 TOK_TIMEOUT_MS = 3000
-# The cache is direct-mapped: at the default 4096 slots, two of the 20 prompts a test abandons
-# and then asks again would share a slot 4.6 % of the time (a miss by design, not a lost
-# answer); at 2^20 slots that is 0.02 %.
+# The cache evicts only from a full set of 16 entries: the 20 prompts a test abandons and then
+# asks again do not evict each other, and at 2^20 entries (65,536 sets) the other tests'
+# prompts on this Envoy are far too few to fill their sets.
 HOSTILE = cfg(max_body_bytes=LIMIT, tokenizer={"timeout_ms": TOK_TIMEOUT_MS}, cache_entries=1 << 20)
 ENVOY_BUFFER_LIMIT = 16 << 20  # per_connection_buffer_limit_bytes / buffer filter (shipped)
 PROBE_COUNT = 321

@@ -164,7 +164,7 @@ fn err(field: &str, message: impl Into<String>) -> ConfigError {
 
 pub const DEFAULT_MIN_OUTPUT_TOKENS: u64 = 4096;
 pub const DEFAULT_FALLBACK_MARGIN_TOKENS: u64 = 1024;
-pub const DEFAULT_CACHE_ENTRIES: u32 = 4096;
+pub const DEFAULT_CACHE_ENTRIES: u32 = 65536;
 pub const DEFAULT_MAX_BODY_BYTES: usize = 8 * 1024 * 1024;
 pub const DEFAULT_TIMEOUT_MS: u64 = 30_000;
 pub const DEFAULT_WINDOW_TTL_MS: u64 = 60_000;

@@ -34,6 +34,7 @@ pub mod request;
 pub mod response;
 pub mod rewrite;
 pub mod rule;
+pub mod table;
 pub mod tokenize;
 
 /// The line a glue logs for a panic: where it happened, never its message (which could quote

@@ -2,17 +2,20 @@
 //! counts, anchors, learned context lengths and flags, seen by every worker thread and every
 //! filter configuration of the process, as a proxy-wasm VM's shared data is by every worker.
 //!
-//! The core's keys are slots (docs/spec.md §6): at most `cache_entries` (≤ 2^20) count slots
-//! and as many anchor slots, and 1024 slots for each table keyed by route and model. The table
+//! The core's keys are sets and slots (docs/spec.md §6): at most `cache_entries / 16`
+//! (≤ 2^16) sets of the count table and as many of the anchor table, each one value the core
+//! reads and writes whole, and 1024 slots for each table keyed by route and model. The table
 //! holds at most [`MAX_KEYS`] keys besides, so that no key space can grow it without bound;
-//! a new key past it is not stored (a miss later, as a failed write is for the core).
+//! a new key past it is not stored (a miss later, as a failed write is for the core). Two
+//! workers that store into one set at once each write the whole set: one of the two stores is
+//! lost (a count later), and neither is mixed with the other.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{LazyLock, Mutex};
 
-/// Above every key the core can make: 2 × 2^20 cache slots, 3 × 1024 route-and-model slots.
+/// Above every key the core can make: 2 × 2^16 sets, 3 × 1024 route-and-model slots.
 pub const MAX_KEYS: usize = 1 << 22;
 
 /// Locks are held per shard, so workers rarely wait for each other.
@@ -134,5 +137,58 @@ mod tests {
                 assert_eq!(t.get(&format!("w{w}.{i}")), Some(vec![w, i]));
             }
         }
+    }
+
+    /// The core's sets stored through the table by four threads at once, as four workers
+    /// do: every key is a set, every value a whole set, every key found holds its own value.
+    #[test]
+    fn the_cores_sets_stay_whole_and_bounded_under_concurrent_stores() {
+        use incontext_core::table::{set_of, Found, Set, SET_BYTES};
+        const ENTRIES: u32 = 256;
+        let payload = |h: u128| {
+            let mut p = [0u8; 16];
+            p.copy_from_slice(&h.to_be_bytes());
+            p
+        };
+        let hash = |w: u64, i: u64| {
+            incontext_core::digest::digest(&[w.to_le_bytes(), i.to_le_bytes()].concat())
+        };
+        let t = std::sync::Arc::new(Table::new(1000));
+        let writers: Vec<_> = (0..4u64)
+            .map(|w| {
+                let t = t.clone();
+                std::thread::spawn(move || {
+                    for i in 0..5000u64 {
+                        let h = hash(w, i);
+                        let key = format!("s.{}", set_of(h, ENTRIES));
+                        let mut set = Set::decode(t.get(&key));
+                        set.store(h, &payload(h));
+                        assert!(t.set(&key, set.encode()));
+                    }
+                })
+            })
+            .collect();
+        for h in writers {
+            h.join().unwrap();
+        }
+        assert_eq!(t.len(), 16, "⌈256 / 16⌉ sets, no other key");
+        let mut found = 0;
+        for w in 0..4u64 {
+            for i in 0..5000u64 {
+                let h = hash(w, i);
+                let value = t.get(&format!("s.{}", set_of(h, ENTRIES))).unwrap();
+                assert_eq!(value.len(), SET_BYTES);
+                match Set::decode(Some(value)).find(h) {
+                    Found::Hit(p) => {
+                        assert_eq!(p, payload(h), "a way holds its own key's payload");
+                        found += 1;
+                    }
+                    Found::Evicted | Found::Miss => {}
+                }
+            }
+        }
+        // Every set took far more than 16 stores: all 16 ways of each hold one of the keys
+        // stored, with its own payload. A race may only lose a store, never mix two.
+        assert_eq!(found, 256);
     }
 }

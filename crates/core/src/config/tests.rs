@@ -19,7 +19,7 @@ fn minimal_config_gets_defaults() {
     assert_eq!(c.tokenizer.timeout_ms, 30_000);
     assert_eq!(c.min_output_tokens, 4096);
     assert_eq!(c.fallback_margin_tokens, 1024);
-    assert_eq!(c.cache_entries, 4096);
+    assert_eq!(c.cache_entries, 65536);
     assert_eq!(c.max_body_bytes, 8 * 1024 * 1024);
     assert_eq!(c.on_insufficient, OnInsufficient::Passthrough);
     assert!(c.response_headers);
@@ -35,7 +35,7 @@ fn full_config_from_spec_parses() {
         r#"{"tokenizer":{"backend":"vllm","cluster":"vllm","authority":"vllm:8000","path":"/tokenize",
         "timeout_ms":30000,"headers":{"authorization":"Bearer x"}},"model":"Qwen/Qwen3-8B",
         "context_length":32768,"window_tokens":32768,"min_output_tokens":4096,
-        "fallback_margin_tokens":1024,"cache_entries":4096,"max_body_bytes":8388608,
+        "fallback_margin_tokens":1024,"cache_entries":65536,"max_body_bytes":8388608,
         "on_insufficient":"passthrough","response_headers":true}"#,
     )
     .unwrap();

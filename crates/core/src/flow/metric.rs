@@ -34,10 +34,16 @@ pub enum Metric {
     UsageChecks,
     /// An answer's usage differs from the exact count the filter decided with.
     UsageMismatch,
+    /// A store into a full set of the count or anchor table replaced another key's entry
+    /// (docs/spec.md §6).
+    Evictions,
+    /// A request counted whole because the anchor it would have been bounded from was
+    /// evicted (docs/spec.md §15b).
+    EvictedRecounts,
 }
 
 /// The counters that are not a reason or a failure, in the order of [`Metric::all`].
-const PLAIN: [Metric; 16] = [
+const PLAIN: [Metric; 18] = [
     Metric::Requests,
     Metric::Rewritten,
     Metric::Rejected,
@@ -54,6 +60,8 @@ const PLAIN: [Metric; 16] = [
     Metric::WindowStop,
     Metric::UsageChecks,
     Metric::UsageMismatch,
+    Metric::Evictions,
+    Metric::EvictedRecounts,
 ];
 
 impl Metric {
@@ -96,6 +104,8 @@ impl Metric {
             Metric::WindowStop => "window_stop",
             Metric::UsageChecks => "usage_checks",
             Metric::UsageMismatch => "usage_mismatch",
+            Metric::Evictions => "evictions",
+            Metric::EvictedRecounts => "evicted_recounts",
             Metric::Unchanged(r) => return format!("unchanged_{}", r.as_str()),
             Metric::Failure(f) => return format!("tokenizer_failures_{}", f.as_str()),
         };

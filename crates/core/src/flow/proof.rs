@@ -119,6 +119,7 @@ pub fn prove(ctx: &mut Ctx, pending: &Pending, chain: &bound::Chain) -> Option<P
         });
         return Some(Proof::Tail(call, awaited));
     }
+    ctx.count_evicted_anchor();
     None
 }
 

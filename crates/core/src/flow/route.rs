@@ -108,6 +108,7 @@ impl Plugin {
         Ctx {
             route: self.route(id),
             host,
+            evicted_anchor: false,
         }
     }
 }
@@ -116,6 +117,8 @@ impl Plugin {
 pub struct Ctx<'a> {
     pub route: &'a Route,
     pub host: &'a mut dyn Host,
+    /// An anchor looked up was evicted lately (see [`Ctx::count_evicted_anchor`]).
+    pub(super) evicted_anchor: bool,
 }
 
 impl Ctx<'_> {

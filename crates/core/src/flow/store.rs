@@ -1,20 +1,26 @@
-//! Every shared-data table, typed, over the host. Each is direct-mapped: a key's slot is its
-//! 128-bit hash modulo the table's size, and a slot keeps the whole hash, so a collision reads
-//! as a miss, never as another key's value. However many prompts, conversations and model
-//! names clients send, at most that many keys exist (docs/spec.md §6).
+//! Every shared-data table, typed, over the host. Each keeps a key's whole 128-bit hash with
+//! its value, so a collision reads as a miss, never as another key's value, and each has a
+//! fixed number of shared-data keys: however many prompts, conversations and model names
+//! clients send, no more exist (docs/spec.md §6).
 //!
-//! * counts (`cache_entries` slots): a prompt's exact count and the context length it came
-//!   with;
-//! * anchors (`cache_entries` slots): the count of the conversation that ended with a prefix
-//!   (docs/spec.md §15);
-//! * contexts ([`MODEL_SLOTS`]): a context length learned for a route and model, and when;
-//! * flags ([`MODEL_SLOTS`] each): skipping off, tails off, a usage mismatch logged, for a
-//!   route and model.
+//! * counts (`cache_entries` entries, set-associative: [`crate::table`]): a prompt's exact
+//!   count and the context length it came with;
+//! * anchors (`cache_entries` entries, set-associative): the count of the conversation that
+//!   ended with a prefix (docs/spec.md §15). A store into a full set replaces the entry stored
+//!   least recently: each turn of a conversation stores the anchor of its grown prefix, so
+//!   the anchor that turn was bounded from, stored a turn earlier, goes before the newest
+//!   anchor of any conversation;
+//! * contexts ([`MODEL_SLOTS`], direct-mapped): a context length learned for a route and
+//!   model, and when;
+//! * flags ([`MODEL_SLOTS`] each, direct-mapped): skipping off, tails off, a usage mismatch
+//!   logged, for a route and model.
 
 use super::route::Ctx;
+use super::Metric;
 use crate::backend::Counted;
 use crate::bound;
 use crate::cache;
+use crate::table::{self, Found, Set, PAYLOAD};
 use crate::tokenize::Reply as Stored;
 use xxhash_rust::xxh3::Xxh3;
 
@@ -53,6 +59,28 @@ fn model_hash(scope: &str, model: &str) -> u128 {
     h.digest128()
 }
 
+/// The shared-data key of set `set` of `table`.
+fn set_key(table: &str, set: u32) -> String {
+    format!("{PREFIX}{table}.{set}")
+}
+
+const COUNTS: &str = "counts";
+const ANCHORS: &str = "anchors";
+
+fn encode_anchor(e: bound::Entry) -> [u8; PAYLOAD] {
+    let mut out = [0u8; PAYLOAD];
+    out[..8].copy_from_slice(&e.tokens.to_le_bytes());
+    out[8] = u8::from(e.exact);
+    out
+}
+
+fn decode_anchor(payload: &[u8; PAYLOAD]) -> bound::Entry {
+    bound::Entry {
+        tokens: u64_at(payload, 0).unwrap_or(0),
+        exact: payload[8] == 1,
+    }
+}
+
 fn model_slot_key(table: &str, hash: u128) -> String {
     format!("{PREFIX}{table}.{}", hash % u128::from(MODEL_SLOTS))
 }
@@ -75,10 +103,28 @@ fn u64_at(bytes: &[u8], at: usize) -> Option<u64> {
 }
 
 impl Ctx<'_> {
+    /// The set of `table` that holds `hash`, and its key.
+    fn set(&mut self, table: &str, hash: u128) -> (String, Set) {
+        let key = set_key(table, table::set_of(hash, self.config().cache_entries));
+        let set = Set::decode(self.host.get_shared(&key));
+        (key, set)
+    }
+
+    /// Stores `payload` under `hash` in `table`: one read, one write.
+    fn put(&mut self, table: &str, hash: u128, payload: &[u8; PAYLOAD]) {
+        let (key, mut set) = self.set(table, hash);
+        if set.store(hash, payload).is_some() {
+            self.count(Metric::Evictions);
+        }
+        self.host.set_shared(&key, set.encode());
+    }
+
     /// The stored count of the prompt hashed to `key`.
     pub fn stored_count(&mut self, key: u128) -> Option<Stored> {
-        let slot = cache::slot_key(key, self.config().cache_entries);
-        cache::decode(key, &self.host.get_shared(&slot)?)
+        match self.set(COUNTS, key).1.find(key) {
+            Found::Hit(payload) => Some(cache::decode(&payload)),
+            Found::Evicted | Found::Miss => None,
+        }
     }
 
     /// Stores an exact count: the prompt's, the context length it reported, and the anchor
@@ -93,8 +139,7 @@ impl Ctx<'_> {
             count: counted.count,
             max_model_len: counted.window.unwrap_or(0),
         };
-        let slot = cache::slot_key(key, self.config().cache_entries);
-        self.host.set_shared(&slot, &cache::encode(key, stored));
+        self.put(COUNTS, key, &cache::encode(stored));
         if let Some(link) = link {
             let anchor = bound::Entry {
                 tokens: counted.count,
@@ -104,10 +149,17 @@ impl Ctx<'_> {
         }
     }
 
-    /// The anchor of the conversation that ended with `link`.
+    /// The anchor of the conversation that ended with `link`. A miss on an anchor its set
+    /// evicted lately is remembered for [`Ctx::count_evicted_anchor`].
     pub fn anchor(&mut self, link: u128) -> Option<bound::Entry> {
-        let slot = bound::slot_key(link, self.config().cache_entries);
-        bound::decode(link, &self.host.get_shared(&slot)?)
+        match self.set(ANCHORS, link).1.find(link) {
+            Found::Hit(payload) => Some(decode_anchor(&payload)),
+            Found::Evicted => {
+                self.evicted_anchor = true;
+                None
+            }
+            Found::Miss => None,
+        }
     }
 
     /// The last message of the conversation before `before` (see [`bound::Last`]).
@@ -123,8 +175,16 @@ impl Ctx<'_> {
     }
 
     pub fn put_anchor(&mut self, link: u128, anchor: bound::Entry) {
-        let slot = bound::slot_key(link, self.config().cache_entries);
-        self.host.set_shared(&slot, &bound::encode(link, anchor));
+        self.put(ANCHORS, link, &encode_anchor(anchor));
+    }
+
+    /// Counts a request that found no anchor to be bounded from, when one of the anchors it
+    /// looked for was evicted lately (its conversation had been counted, and the table
+    /// dropped that count before this turn): the table is too small for the traffic.
+    pub fn count_evicted_anchor(&mut self) {
+        if std::mem::take(&mut self.evicted_anchor) {
+            self.count(Metric::EvictedRecounts);
+        }
     }
 
     /// The context length learned for `model` on this route, and whether it is fresh
@@ -241,5 +301,129 @@ mod tests {
         assert_eq!(payload(hash, &other), None);
         assert_eq!(payload(hash, &entry(hash, &[2])), Some(&[2u8][..]));
         assert_eq!(payload(hash, &[0; 3]), None);
+    }
+
+    /// A plugin whose tables have `entries` entries, skipping on.
+    fn sized(entries: u32) -> Plugin {
+        let config = format!(
+            r#"{{"tokenizer":{{"cluster":"v"}},"cache_entries":{entries},"context_length":40960,"skip_count":true}}"#
+        );
+        Plugin::new(crate::config::Config::parse(config.as_bytes()).unwrap())
+    }
+
+    fn link(conversation: u64, turn: u64) -> u128 {
+        xxhash_rust::xxh3::xxh3_128(&[conversation.to_le_bytes(), turn.to_le_bytes()].concat())
+    }
+
+    fn at(tokens: u64) -> bound::Entry {
+        bound::Entry {
+            tokens,
+            exact: true,
+        }
+    }
+
+    #[test]
+    fn the_tables_hold_a_fixed_number_of_keys_whatever_is_stored() {
+        let p = sized(1000);
+        let mut host = FakeHost::default();
+        let mut ctx = p.ctx(Default::default(), &mut host);
+        for i in 0..100_000u64 {
+            let counted = Counted {
+                count: i,
+                window: None,
+            };
+            ctx.store_count(link(i, 0), "m", Some(link(i, 1)), counted);
+        }
+        let keys = |host: &FakeHost, table: &str| {
+            let prefix = format!("{PREFIX}{table}.");
+            host.shared
+                .keys()
+                .filter(|k| k.starts_with(&prefix))
+                .count()
+        };
+        // ⌈1000 / 16⌉ = 63 sets per table, every one taken, and nothing else.
+        assert_eq!(keys(&host, COUNTS), 63);
+        assert_eq!(keys(&host, ANCHORS), 63);
+        assert_eq!(host.shared.len(), 126);
+        assert!(host.shared.values().all(|v| v.len() == table::SET_BYTES));
+        // 63 × 16 ways of each table hold keys; every other store evicted one.
+        assert_eq!(host.count(Metric::Evictions), 2 * (100_000 - 63 * 16));
+        // The last stored are there, as written.
+        let mut ctx = p.ctx(Default::default(), &mut host);
+        assert_eq!(ctx.anchor(link(99_999, 1)), Some(at(99_999)));
+        assert_eq!(
+            ctx.stored_count(link(99_999, 0)).map(|s| s.count),
+            Some(99_999)
+        );
+    }
+
+    /// Conversations interleaved turn by turn in a table of one set (16 ways): each turn is
+    /// bounded from its previous turn's anchor, then stores its own.
+    fn interleave(conversations: u64, rounds: u64) -> (usize, FakeHost) {
+        let p = sized(16);
+        let mut host = FakeHost::default();
+        let mut found = 0;
+        for turn in 0..rounds {
+            for c in 0..conversations {
+                let mut ctx = p.ctx(Default::default(), &mut host);
+                if turn > 0 && ctx.anchor(link(c, turn - 1)).is_some() {
+                    found += 1;
+                }
+                ctx.put_anchor(link(c, turn), at(100 * turn + c));
+            }
+        }
+        (found, host)
+    }
+
+    #[test]
+    fn a_superseded_anchor_goes_before_any_conversations_newest() {
+        // 16 conversations fill the 16 ways: each newest anchor evicts a superseded one, and
+        // every turn finds the anchor of its previous turn.
+        let (found, host) = interleave(16, 10);
+        assert_eq!(found, 16 * 9);
+        assert_eq!(host.count(Metric::Evictions), 16 * 9);
+        let mut host = host;
+        let p = sized(16);
+        let mut ctx = p.ctx(Default::default(), &mut host);
+        for c in 0..16 {
+            assert_eq!(ctx.anchor(link(c, 9)), Some(at(900 + c)));
+            assert_eq!(ctx.anchor(link(c, 8)), None, "superseded, evicted");
+        }
+        // Eight conversations keep their last two anchors each.
+        let (found, _) = interleave(8, 10);
+        assert_eq!(found, 8 * 9);
+        // One conversation more than ways: each anchor is evicted the turn before it is
+        // needed, the least recently stored first.
+        let (found, host) = interleave(17, 10);
+        assert_eq!(found, 0);
+        assert_eq!(host.count(Metric::Evictions), 17 * 10 - 16);
+    }
+
+    #[test]
+    fn a_turn_whose_anchor_was_evicted_is_counted_and_counted_as_such() {
+        use crate::flow::tests::support::{anchor, leak, send, session};
+        use crate::flow::Step;
+        let cap = r#","max_tokens":16000"#;
+        // `others` anchors of other conversations stored between a conversation's two turns.
+        let run = |others: u64| {
+            let p = sized(16);
+            let mut host = FakeHost::default();
+            anchor(&p, &mut host, 900);
+            let mut ctx = p.ctx(Default::default(), &mut host);
+            for i in 0..others {
+                ctx.put_anchor(link(1_000_000 + i, 0), at(1));
+            }
+            let (_, step) = send(&p, &mut host, "/v1/chat/completions", leak(session(2, cap)));
+            let counted = matches!(step, Step::Wait);
+            assert_eq!(host.calls.len(), 1 + usize::from(counted));
+            (counted, host.count(Metric::EvictedRecounts))
+        };
+        // 15 others leave its anchor: the turn skips its count.
+        assert_eq!(run(15), (false, 0));
+        // 16 evict it: the turn is counted, and counted as an evicted anchor's.
+        assert_eq!(run(16), (true, 1));
+        assert_eq!(run(16 + table::RECORD as u64 - 1), (true, 1));
+        // Past the record's reach, the eviction is no longer seen.
+        assert_eq!(run(16 + table::RECORD as u64), (true, 0));
     }
 }

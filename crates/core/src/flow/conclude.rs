@@ -3,8 +3,9 @@
 //! local reply is counted when the host applied it ([`Exchange::applied`]), so one request
 //! counts one outcome whatever the host does.
 
-use super::exchange::{Exchange, Pending};
+use super::exchange::Exchange;
 use super::route::Ctx;
+use super::state::{Pending, Verdict};
 use super::{Action, LocalReply, Metric, Rewrite, Step};
 use crate::config::OnInsufficient;
 use crate::dialect::Form;
@@ -13,29 +14,6 @@ use crate::reason::Reason;
 use crate::report::Report;
 use crate::request::Request;
 use crate::response::{Budget, Dialect, WindowError};
-
-/// How a request ends.
-#[derive(Debug)]
-pub enum Verdict {
-    Unchanged {
-        reason: Reason,
-        count: Option<(u64, Source)>,
-        budget: Option<Budget>,
-    },
-    Rewritten {
-        prompt: u64,
-        source: Source,
-        value: u64,
-        rewrite: Rewrite,
-        budget: Budget,
-    },
-    Rejected {
-        prompt: u64,
-        source: Source,
-        body: Vec<u8>,
-        budget: Budget,
-    },
-}
 
 impl Verdict {
     /// Unchanged before anything was counted.

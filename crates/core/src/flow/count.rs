@@ -3,9 +3,8 @@
 //! (docs/spec.md §5–§7). Where skipping is on, a bound may prove the outcome first
 //! ([`super::proof`]).
 
-use super::conclude::Verdict;
-use super::exchange::{Awaited, Next, Pending, Waiting};
 use super::route::Ctx;
+use super::state::{Awaited, Next, Pending, Sent, Verdict, Waiting};
 use super::{context, proof, Histogram, Metric, Reply};
 use crate::backend::{self, CallKind, Counted};
 use crate::bound;
@@ -122,7 +121,7 @@ fn cached(ctx: &mut Ctx, req: Request, body: Vec<u8>, looked: Option<Looked>) ->
         Some(proof::Proof::Fits(p_hi)) => Next::Send(pending, p_hi),
         Some(proof::Proof::Tail(call, awaited)) => {
             ctx.count(Metric::TailCounts);
-            send(ctx, pending, &call, awaited)
+            Waiting::send(ctx, pending, &call, awaited)
                 .map_or_else(|pending| whole(ctx, pending), Next::Wait)
         }
         None => whole(ctx, pending),
@@ -156,27 +155,6 @@ pub fn hit(
     Ok(Verdict::decide(ctx, req, body, count))
 }
 
-/// Sends `call` for `pending`; the pending request back when it could not be sent.
-pub fn send(
-    ctx: &mut Ctx,
-    mut pending: Box<Pending>,
-    call: &backend::Call,
-    awaited: Awaited,
-) -> Result<Waiting, Box<Pending>> {
-    if matches!(awaited, Awaited::Count | Awaited::Tail(_)) {
-        pending.sent_ms = ctx.now_ms();
-    }
-    match ctx.dispatch(call) {
-        Some(token) => Ok(Waiting {
-            token,
-            kind: call.kind,
-            awaited,
-            pending,
-        }),
-        None => Err(pending),
-    }
-}
-
 /// Counts the whole prompt: the context length first when nothing reports it.
 pub fn whole(ctx: &mut Ctx, pending: Box<Pending>) -> Next {
     let config = ctx.config();
@@ -186,7 +164,7 @@ pub fn whole(ctx: &mut Ctx, pending: Box<Pending>) -> Next {
     if needs_context {
         let call = backend::window_call(ctx.config());
         // No context length now: count anyway (a configured window_tokens may do).
-        return send(ctx, pending, &call, Awaited::Context)
+        return Waiting::send(ctx, pending, &call, Awaited::Context)
             .map_or_else(|pending| count(ctx, pending), Next::Wait);
     }
     count(ctx, pending)
@@ -199,7 +177,7 @@ fn count(ctx: &mut Ctx, pending: Box<Pending>) -> Next {
         return estimate(ctx, &pending.req, pending.body);
     };
     ctx.count(Metric::CountCalls);
-    send(ctx, pending, &call, Awaited::Count).map_or_else(
+    Waiting::send(ctx, pending, &call, Awaited::Count).map_or_else(
         |pending| failed(ctx, Failure::Dispatch, pending),
         Next::Wait,
     )
@@ -234,7 +212,7 @@ pub fn on_reply(ctx: &mut Ctx, waiting: Waiting, reply: &Reply) -> Option<Next> 
         }
         Awaited::Check { bound, band } => {
             let counted = parse(ctx, kind, reply);
-            let sent = super::check::Sent::of(&pending, bound, band);
+            let sent = Sent::of(&pending, bound, band);
             super::check::checked(ctx, &pending.model, sent, counted);
             return None;
         }

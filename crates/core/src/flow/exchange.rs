@@ -12,70 +12,19 @@
 //!
 //! A request resolves its route once, when its body is read; every later step runs on it.
 
-use super::conclude::Verdict;
 use super::count;
 use super::orphan::Orphan;
 use super::partial;
-use super::proof::TailNeeds;
 use super::route::{Ctx, RouteId};
+use super::state::{Awaited, Next, Pending, Verdict, Waiting};
 use super::{
     Action, Host, Metric, Plugin, Reply, RequestBodyStep, RequestHead, RequestHeadStep, Step,
 };
-use crate::backend::CallKind;
 use crate::dialect::{classify_path, Endpoint};
 use crate::reason::Reason;
 use crate::report::Report;
 use crate::request::{analyze_at, analyze_guessing, Request};
 use crate::response::{Budget, Response};
-
-/// A request held, or sent on a bound, with what its calls need.
-#[derive(Debug)]
-pub struct Pending {
-    pub req: Request,
-    pub body: Vec<u8>,
-    /// The prompt's cache key.
-    pub key: u128,
-    pub model: String,
-    /// The last link of the conversation's chain, when skipping is on (docs/spec.md §15).
-    pub link: Option<u128>,
-    /// When the call on the request's path went out.
-    pub sent_ms: Option<u64>,
-}
-
-/// What a call in flight was sent for: what its reply continues with.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Awaited {
-    /// The context length, then the whole prompt's count.
-    Context,
-    /// The whole prompt's count, then the decision.
-    Count,
-    /// The count of the conversation's new messages alone, and what it must meet.
-    Tail(TailNeeds),
-    /// The count of a request sent on this bound (`band`: with a cap written from it), after
-    /// its stream ended.
-    Check { bound: u64, band: bool },
-}
-
-/// One call in flight.
-#[derive(Debug)]
-pub struct Waiting {
-    pub token: u32,
-    pub kind: CallKind,
-    pub awaited: Awaited,
-    pub pending: Box<Pending>,
-}
-
-/// What a strategy asks of the exchange.
-pub enum Next {
-    /// A call is out.
-    Wait(Waiting),
-    /// A bound proves the outcome: the request goes on unchanged, checked after its stream.
-    Send(Box<Pending>, u64),
-    /// A cap written from the bound P_hi: the request goes on rewritten, checked after its
-    /// stream.
-    Band(Box<Pending>, u64, Verdict),
-    Conclude(Verdict),
-}
 
 #[derive(Debug, Default)]
 enum State {
@@ -353,7 +302,7 @@ impl Exchange {
                 band,
             } => {
                 ctx.count(Metric::UsageChecks);
-                let sent = super::check::Sent::of(&pending, bound, band);
+                let sent = super::state::Sent::of(&pending, bound, band);
                 let counted = crate::backend::Counted {
                     count: prompt,
                     window: None,

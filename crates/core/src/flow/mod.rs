@@ -27,6 +27,7 @@ mod orphan;
 pub mod partial;
 mod proof;
 mod route;
+mod state;
 mod store;
 #[cfg(test)]
 mod tests;

@@ -4,7 +4,7 @@
 //! ([`super::proof`]).
 
 use super::route::Ctx;
-use super::state::{Awaited, Next, Pending, Sent, Verdict, Waiting};
+use super::state::{Awaited, Next, Pending, Verdict, Waiting};
 use super::{context, proof, Histogram, Metric, Reply};
 use crate::backend::{self, CallKind, Counted};
 use crate::bound;
@@ -183,40 +183,23 @@ fn count(ctx: &mut Ctx, pending: Box<Pending>) -> Next {
     )
 }
 
-/// The reply to a call in flight goes on with what it was awaited for.
-pub fn on_reply(ctx: &mut Ctx, waiting: Waiting, reply: &Reply) -> Option<Next> {
-    let Waiting {
-        kind,
-        awaited,
-        pending,
-        ..
-    } = waiting;
-    Some(match awaited {
-        Awaited::Context => {
-            context::learn_from(ctx, &pending.model, reply);
-            count(ctx, pending)
-        }
-        Awaited::Count => {
-            let counted = on_path(ctx, &pending, kind, reply);
-            match context::refusal(ctx, reply, &counted) {
-                Some(e) => Next::Conclude(Verdict::too_long(ctx, pending, &e)),
-                None => match counted {
-                    Ok(counted) => exact(ctx, pending, counted),
-                    Err(failure) => failed(ctx, failure, pending),
-                },
-            }
-        }
-        Awaited::Tail(needs) => {
-            let counted = on_path(ctx, &pending, kind, reply);
-            proof::tail_counted(ctx, pending, needs, counted)
-        }
-        Awaited::Check { bound, band } => {
-            let counted = parse(ctx, kind, reply);
-            let sent = Sent::of(&pending, bound, band);
-            super::check::checked(ctx, &pending.model, sent, counted);
-            return None;
-        }
-    })
+/// The context length arrived: learned, then the whole prompt is counted.
+pub fn on_context(ctx: &mut Ctx, pending: Box<Pending>, reply: &Reply) -> Next {
+    context::learn_from(ctx, &pending.model, reply);
+    count(ctx, pending)
+}
+
+/// The whole prompt's count arrived: stored and decided, the refusal of a prompt longer than
+/// the context read, or the estimate when the tokenizer failed.
+pub fn on_count(ctx: &mut Ctx, pending: Box<Pending>, kind: CallKind, reply: &Reply) -> Next {
+    let counted = on_path(ctx, &pending, kind, reply);
+    match context::refusal(ctx, reply, &counted) {
+        Some(e) => Next::Conclude(Verdict::too_long(ctx, pending, &e)),
+        None => match counted {
+            Ok(counted) => exact(ctx, pending, counted),
+            Err(failure) => failed(ctx, failure, pending),
+        },
+    }
 }
 
 /// A count reply, parsed.
@@ -225,7 +208,7 @@ pub fn parse(ctx: &Ctx, kind: CallKind, reply: &Reply) -> Result<Counted, Failur
 }
 
 /// The reply to a count on the request's path, parsed; its duration recorded.
-fn on_path(
+pub fn on_path(
     ctx: &mut Ctx,
     pending: &Pending,
     kind: CallKind,

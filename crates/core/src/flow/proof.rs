@@ -2,7 +2,6 @@
 //! count of a prefix of the conversation plus the bytes of what it added, or, where those
 //! bytes do not prove it, plus the server's count of the new messages alone.
 
-use super::count;
 use super::route::Ctx;
 use super::state::{Awaited, Next, Pending, TailNeeds, Verdict, BAND_SLACK};
 use super::store::Flag;
@@ -154,7 +153,7 @@ pub fn tail_counted(
             }
         }
     }
-    count::whole(ctx, pending)
+    Next::Whole(pending)
 }
 
 /// The cap written from P_hi: the rule's own decision with P_hi for P. P_hi ≥ P, so the cap
@@ -172,7 +171,7 @@ fn band(ctx: &mut Ctx, pending: Box<Pending>, p_hi: u64, w: u64) -> Next {
         .then(|| Verdict::decide(ctx, &pending.req, pending.body.clone(), count))
     {
         Some(verdict @ Verdict::Rewritten { .. }) => Next::Band(pending, p_hi, verdict),
-        _ => count::whole(ctx, pending),
+        _ => Next::Whole(pending),
     }
 }
 

@@ -115,6 +115,8 @@ pub enum Next {
     /// A cap written from the bound P_hi: the request goes on rewritten, checked after its
     /// stream.
     Band(Box<Pending>, u64, Verdict),
+    /// No bound proves the outcome: the whole prompt is counted.
+    Whole(Box<Pending>),
     Conclude(Verdict),
 }
 

@@ -2,42 +2,18 @@
 //! counted, off its path, and the count is held against the bound. A count above it turns
 //! skipping off for the route and model.
 
-use super::count;
-use super::exchange::{Awaited, Pending, Waiting};
-use super::proof::BAND_SLACK;
 use super::route::Ctx;
+use super::state::{Awaited, Pending, Sent, Waiting, BAND_SLACK};
 use super::store::Flag;
 use super::Metric;
 use crate::backend::{self, Counted};
 use crate::tokenize::Failure;
 
-/// What a check needs of a request sent on a bound.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Sent {
-    pub key: u128,
-    pub link: Option<u128>,
-    pub bound: u64,
-    /// A cap was written from the bound: it must be within [`BAND_SLACK`] of the count.
-    pub band: bool,
-}
-
-impl Sent {
-    /// What checking `pending`, sent on `bound`, needs.
-    pub fn of(pending: &Pending, bound: u64, band: bool) -> Sent {
-        Sent {
-            key: pending.key,
-            link: pending.link,
-            bound,
-            band,
-        }
-    }
-}
-
 /// Sends the count of a request sent on `bound`; `None` when it cannot be sent.
 pub fn start(ctx: &mut Ctx, pending: Box<Pending>, bound: u64, band: bool) -> Option<Waiting> {
     let call = backend::count_call(ctx.config(), &pending.req, &pending.body)?;
     let awaited = Awaited::Check { bound, band };
-    let waiting = count::send(ctx, pending, &call, awaited).ok()?;
+    let waiting = Waiting::send(ctx, pending, &call, awaited).ok()?;
     ctx.count(Metric::BoundChecks);
     Some(waiting)
 }

@@ -1,10 +1,11 @@
 //! Where every request's path ends: one [`Verdict`], concluded once, sets the report, the
-//! outcome counter and what the answer side needs (the [`Budget`]) together. A rewrite or a
-//! local reply is counted when the host applied it ([`Exchange::applied`]), so one request
-//! counts one outcome whatever the host does.
+//! outcome counter and what the answer side needs (the [`Budget`]) together ([`Concluded`]).
+//! A rewrite or a local reply is counted when the host applied it (`Exchange::applied`), so
+//! one request counts one outcome whatever the host does.
 
-use super::exchange::{Exchange, Pending};
+use super::context;
 use super::route::Ctx;
+use super::state::{Pending, Verdict};
 use super::{Action, LocalReply, Metric, Rewrite, Step};
 use crate::config::OnInsufficient;
 use crate::dialect::Form;
@@ -14,27 +15,17 @@ use crate::report::Report;
 use crate::request::Request;
 use crate::response::{Budget, Dialect, WindowError};
 
-/// How a request ends.
+/// What concluding a request sets, together.
 #[derive(Debug)]
-pub enum Verdict {
-    Unchanged {
-        reason: Reason,
-        count: Option<(u64, Source)>,
-        budget: Option<Budget>,
-    },
-    Rewritten {
-        prompt: u64,
-        source: Source,
-        value: u64,
-        rewrite: Rewrite,
-        budget: Budget,
-    },
-    Rejected {
-        prompt: u64,
-        source: Source,
-        body: Vec<u8>,
-        budget: Budget,
-    },
+pub struct Concluded {
+    pub report: Report,
+    /// What the request side knew, for the answer.
+    pub budget: Option<Budget>,
+    /// The outcome counter a rewrite or a local reply counts once the host applied it.
+    pub applying: Option<Metric>,
+    /// The report goes out with a local reply.
+    pub replied: bool,
+    pub step: Step,
 }
 
 impl Verdict {
@@ -126,8 +117,6 @@ impl Verdict {
     /// A bound P_hi proved the outcome: unchanged, `fits`. P_hi is an upper bound: an
     /// answer's window error is read with the estimate.
     pub fn fits(ctx: &mut Ctx, pending: &Pending, p_hi: u64) -> Verdict {
-        ctx.count(Metric::CountSkipped);
-        super::proof::anchor_bound(ctx, pending.link, p_hi);
         let context = match ctx.config().context_length {
             Some(c) => Some(c),
             None => ctx.context(&pending.model),
@@ -156,7 +145,7 @@ impl Verdict {
     /// mode answers the dialect's error itself; otherwise the request goes on unchanged and
     /// the server's answer is translated.
     pub fn too_long(ctx: &mut Ctx, pending: Box<Pending>, e: &WindowError) -> Verdict {
-        super::context::learn_refused(ctx, &pending.model, e);
+        context::learn_refused(ctx, &pending.model, e);
         let config = ctx.config();
         let Pending { req, body, .. } = *pending;
         // P: the server's exact count where it gave one, else the larger of its lower bound
@@ -204,18 +193,10 @@ impl Verdict {
             },
         }
     }
-}
 
-impl Exchange {
-    /// Ends the request side with `verdict`: the report, the counter (for a rewrite or a
-    /// local reply, once the host applied it) and the budget, together. A request concludes
-    /// once; a later verdict changes nothing.
-    pub(super) fn conclude(&mut self, ctx: &mut Ctx, verdict: Verdict) -> Step {
-        self.pass();
-        // The first conclusion stands.
-        if self.report.is_some() {
-            return Step::Done(Action::Continue);
-        }
+    /// The report, the counter (for a rewrite or a local reply, once the host applied it),
+    /// the budget and the step of a request ending with this verdict.
+    pub fn conclude(self, ctx: &mut Ctx) -> Concluded {
         let report = |action, reason, count: Option<(u64, Source)>, max_tokens| Report {
             action,
             reason,
@@ -223,7 +204,7 @@ impl Exchange {
             source: count.map(|c| c.1),
             max_tokens,
         };
-        match verdict {
+        match self {
             Verdict::Unchanged {
                 reason,
                 count,
@@ -231,9 +212,13 @@ impl Exchange {
             } => {
                 ctx.count(Metric::Unchanged(reason));
                 log::debug!("incontext: unchanged ({})", reason.as_str());
-                self.report = Some(report("unchanged", Some(reason), count, None));
-                self.budget = budget;
-                Step::Done(Action::Continue)
+                Concluded {
+                    report: report("unchanged", Some(reason), count, None),
+                    budget,
+                    applying: None,
+                    replied: false,
+                    step: Step::Done(Action::Continue),
+                }
             }
             Verdict::Rewritten {
                 prompt,
@@ -247,10 +232,13 @@ impl Exchange {
                     source.as_str()
                 );
                 let count = Some((prompt, source));
-                self.report = Some(report("rewritten", None, count, Some(value)));
-                self.budget = Some(budget);
-                self.applying = Some(Metric::Rewritten);
-                Step::Done(Action::Rewrite(rewrite))
+                Concluded {
+                    report: report("rewritten", None, count, Some(value)),
+                    budget: Some(budget),
+                    applying: Some(Metric::Rewritten),
+                    replied: false,
+                    step: Step::Done(Action::Rewrite(rewrite)),
+                }
             }
             Verdict::Rejected {
                 prompt,
@@ -259,19 +247,22 @@ impl Exchange {
                 budget,
             } => {
                 log::debug!("incontext: rejected prompt={prompt}");
-                self.report = Some(report("rejected", None, Some((prompt, source)), None));
-                self.budget = Some(budget);
-                self.applying = Some(Metric::Rejected);
-                self.replied = true;
+                let report = report("rejected", None, Some((prompt, source)), None);
                 let mut headers = vec![("content-type", "application/json".to_string())];
                 if ctx.config().response_headers {
-                    headers.extend(self.report_headers());
+                    headers.extend(report.headers());
                 }
-                Step::Done(Action::Reply(LocalReply {
-                    status: 400,
-                    headers,
-                    body,
-                }))
+                Concluded {
+                    report,
+                    budget: Some(budget),
+                    applying: Some(Metric::Rejected),
+                    replied: true,
+                    step: Step::Done(Action::Reply(LocalReply {
+                        status: 400,
+                        headers,
+                        body,
+                    })),
+                }
             }
         }
     }

@@ -3,9 +3,8 @@
 //! (docs/spec.md §5–§7). Where skipping is on, a bound may prove the outcome first
 //! ([`super::proof`]).
 
-use super::conclude::Verdict;
-use super::exchange::{Awaited, Next, Pending, Waiting};
 use super::route::Ctx;
+use super::state::{Awaited, Next, Pending, Verdict, Waiting};
 use super::{context, proof, Histogram, Metric, Reply};
 use crate::backend::{self, CallKind, Counted};
 use crate::bound;
@@ -125,7 +124,7 @@ fn cached(ctx: &mut Ctx, req: Request, body: Vec<u8>, looked: Option<Looked>) ->
         Some(proof::Proof::Fits(p_hi)) => Next::Send(pending, p_hi),
         Some(proof::Proof::Tail(call, awaited)) => {
             ctx.count(Metric::TailCounts);
-            send(ctx, pending, &call, awaited)
+            Waiting::send(ctx, pending, &call, awaited)
                 .map_or_else(|pending| whole(ctx, pending), Next::Wait)
         }
         None => whole(ctx, pending),
@@ -159,27 +158,6 @@ pub fn hit(
     Ok(Verdict::decide(ctx, req, body, count))
 }
 
-/// Sends `call` for `pending`; the pending request back when it could not be sent.
-pub fn send(
-    ctx: &mut Ctx,
-    mut pending: Box<Pending>,
-    call: &backend::Call,
-    awaited: Awaited,
-) -> Result<Waiting, Box<Pending>> {
-    if matches!(awaited, Awaited::Count | Awaited::Tail(_)) {
-        pending.sent_ms = ctx.now_ms();
-    }
-    match ctx.dispatch(call) {
-        Some(token) => Ok(Waiting {
-            token,
-            kind: call.kind,
-            awaited,
-            pending,
-        }),
-        None => Err(pending),
-    }
-}
-
 /// Counts the whole prompt: the context length first when nothing reports it.
 pub fn whole(ctx: &mut Ctx, pending: Box<Pending>) -> Next {
     let config = ctx.config();
@@ -189,7 +167,7 @@ pub fn whole(ctx: &mut Ctx, pending: Box<Pending>) -> Next {
     if needs_context {
         let call = backend::window_call(ctx.config());
         // No context length now: count anyway (a configured window_tokens may do).
-        return send(ctx, pending, &call, Awaited::Context)
+        return Waiting::send(ctx, pending, &call, Awaited::Context)
             .map_or_else(|pending| count(ctx, pending), Next::Wait);
     }
     count(ctx, pending)
@@ -202,46 +180,29 @@ fn count(ctx: &mut Ctx, pending: Box<Pending>) -> Next {
         return estimate(ctx, &pending.req, pending.body);
     };
     ctx.count(Metric::CountCalls);
-    send(ctx, pending, &call, Awaited::Count).map_or_else(
+    Waiting::send(ctx, pending, &call, Awaited::Count).map_or_else(
         |pending| failed(ctx, Failure::Dispatch, pending),
         Next::Wait,
     )
 }
 
-/// The reply to a call in flight goes on with what it was awaited for.
-pub fn on_reply(ctx: &mut Ctx, waiting: Waiting, reply: &Reply) -> Option<Next> {
-    let Waiting {
-        kind,
-        awaited,
-        pending,
-        ..
-    } = waiting;
-    Some(match awaited {
-        Awaited::Context => {
-            context::learn_from(ctx, &pending.model, reply);
-            count(ctx, pending)
-        }
-        Awaited::Count => {
-            let counted = on_path(ctx, &pending, kind, reply);
-            match context::refusal(ctx, reply, &counted) {
-                Some(e) => Next::Conclude(Verdict::too_long(ctx, pending, &e)),
-                None => match counted {
-                    Ok(counted) => exact(ctx, pending, counted),
-                    Err(failure) => failed(ctx, failure, pending),
-                },
-            }
-        }
-        Awaited::Tail(needs) => {
-            let counted = on_path(ctx, &pending, kind, reply);
-            proof::tail_counted(ctx, pending, needs, counted)
-        }
-        Awaited::Check { bound, band } => {
-            let counted = parse(ctx, kind, reply);
-            let sent = super::check::Sent::of(&pending, bound, band);
-            super::check::checked(ctx, &pending.model, sent, counted);
-            return None;
-        }
-    })
+/// The context length arrived: learned, then the whole prompt is counted.
+pub fn on_context(ctx: &mut Ctx, pending: Box<Pending>, reply: &Reply) -> Next {
+    context::learn_from(ctx, &pending.model, reply);
+    count(ctx, pending)
+}
+
+/// The whole prompt's count arrived: stored and decided, the refusal of a prompt longer than
+/// the context read, or the estimate when the tokenizer failed.
+pub fn on_count(ctx: &mut Ctx, pending: Box<Pending>, kind: CallKind, reply: &Reply) -> Next {
+    let counted = on_path(ctx, &pending, kind, reply);
+    match context::refusal(ctx, reply, &counted) {
+        Some(e) => Next::Conclude(Verdict::too_long(ctx, pending, &e)),
+        None => match counted {
+            Ok(counted) => exact(ctx, pending, counted),
+            Err(failure) => failed(ctx, failure, pending),
+        },
+    }
 }
 
 /// A count reply, parsed.
@@ -250,7 +211,7 @@ pub fn parse(ctx: &Ctx, kind: CallKind, reply: &Reply) -> Result<Counted, Failur
 }
 
 /// The reply to a count on the request's path, parsed; its duration recorded.
-fn on_path(
+pub fn on_path(
     ctx: &mut Ctx,
     pending: &Pending,
     kind: CallKind,

@@ -1,10 +1,12 @@
-//! One request through the filter: its states and the callbacks that move it.
+//! One request through the filter: its states and the callbacks that move it. The exchange
+//! is the only driver: each strategy returns what to do next ([`Next`]) and the exchange
+//! applies it, calling the strategy the value names.
 //!
 //! ```text
 //! Passing ◄──────────────────────────── (not budgeted, decided, or any failure)
 //! Buffering ── body ──► count::start ──► Waiting { awaited: Context | Count | Tail }
 //!                                  │            │ reply: the awaited strategy goes on
-//!                                  │            ▼
+//!                                  │            ▼       (Tail: proof; Whole ─► count::whole)
 //!                                  └──────► conclude(Verdict) ──► Passing
 //!                                  └─ a bound proves it ──► Sent { bound }
 //! Sent ── the stream ends ──► Waiting { awaited: Check } ── reply ──► check::checked
@@ -12,70 +14,18 @@
 //!
 //! A request resolves its route once, when its body is read; every later step runs on it.
 
-use super::conclude::Verdict;
-use super::count;
 use super::orphan::Orphan;
-use super::partial;
-use super::proof::TailNeeds;
 use super::route::{Ctx, RouteId};
+use super::state::{Awaited, Next, Pending, Sent, Verdict, Waiting};
+use super::{answer, check, count, partial, proof};
 use super::{
     Action, Host, Metric, Plugin, Reply, RequestBodyStep, RequestHead, RequestHeadStep, Step,
 };
-use crate::backend::CallKind;
 use crate::dialect::{classify_path, Endpoint};
 use crate::reason::Reason;
 use crate::report::Report;
 use crate::request::{analyze_at, analyze_guessing, Request};
-use crate::response::{Budget, Response};
-
-/// A request held, or sent on a bound, with what its calls need.
-#[derive(Debug)]
-pub struct Pending {
-    pub req: Request,
-    pub body: Vec<u8>,
-    /// The prompt's cache key.
-    pub key: u128,
-    pub model: String,
-    /// The last link of the conversation's chain, when skipping is on (docs/spec.md §15).
-    pub link: Option<u128>,
-    /// When the call on the request's path went out.
-    pub sent_ms: Option<u64>,
-}
-
-/// What a call in flight was sent for: what its reply continues with.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Awaited {
-    /// The context length, then the whole prompt's count.
-    Context,
-    /// The whole prompt's count, then the decision.
-    Count,
-    /// The count of the conversation's new messages alone, and what it must meet.
-    Tail(TailNeeds),
-    /// The count of a request sent on this bound (`band`: with a cap written from it), after
-    /// its stream ended.
-    Check { bound: u64, band: bool },
-}
-
-/// One call in flight.
-#[derive(Debug)]
-pub struct Waiting {
-    pub token: u32,
-    pub kind: CallKind,
-    pub awaited: Awaited,
-    pub pending: Box<Pending>,
-}
-
-/// What a strategy asks of the exchange.
-pub enum Next {
-    /// A call is out.
-    Wait(Waiting),
-    /// A bound proves the outcome: the request goes on unchanged, checked after its stream.
-    Send(Box<Pending>, u64),
-    /// A cap written from the bound P_hi: the request goes on rewritten, checked after its
-    /// stream.
-    Band(Box<Pending>, u64, Verdict),
-    Conclude(Verdict),
-}
+use crate::response::{self, Budget, Response};
 
 #[derive(Debug, Default)]
 enum State {
@@ -102,12 +52,12 @@ pub struct Exchange {
     /// What the report headers say, once concluded.
     pub(super) report: Option<Report>,
     /// The outcome counter a rewrite or a local reply counts once the host applied it.
-    pub(super) applying: Option<Metric>,
+    applying: Option<Metric>,
     /// The report went out with a local reply.
-    pub(super) replied: bool,
+    replied: bool,
     /// What the request side knew, for the answer (set with the conclusion).
     pub(super) budget: Option<Budget>,
-    pub(super) response: Response,
+    response: Response,
 }
 
 impl Exchange {
@@ -115,7 +65,7 @@ impl Exchange {
         Exchange::default()
     }
 
-    pub(super) fn ctx<'a>(&self, plugin: &'a Plugin, host: &'a mut dyn Host) -> Ctx<'a> {
+    fn ctx<'a>(&self, plugin: &'a Plugin, host: &'a mut dyn Host) -> Ctx<'a> {
         plugin.ctx(self.route, host)
     }
 
@@ -277,6 +227,8 @@ impl Exchange {
                 Step::Wait
             }
             Next::Send(pending, bound) => {
+                ctx.count(Metric::CountSkipped);
+                proof::anchor_bound(ctx, pending.link, bound);
                 let verdict = Verdict::fits(ctx, &pending, bound);
                 let step = self.conclude(ctx, verdict);
                 self.state = State::Sent {
@@ -288,7 +240,7 @@ impl Exchange {
             }
             Next::Band(pending, bound, verdict) => {
                 ctx.count(Metric::CountSkipped);
-                super::proof::anchor_bound(ctx, pending.link, bound);
+                proof::anchor_bound(ctx, pending.link, bound);
                 let step = self.conclude(ctx, verdict);
                 self.state = State::Sent {
                     pending,
@@ -297,8 +249,29 @@ impl Exchange {
                 };
                 step
             }
+            Next::Whole(pending) => {
+                let next = count::whole(ctx, pending);
+                self.advance(ctx, next)
+            }
             Next::Conclude(verdict) => self.conclude(ctx, verdict),
         }
+    }
+
+    /// Ends the request side with `verdict`: the report, the counter (for a rewrite or a
+    /// local reply, once the host applied it) and the budget, together. A request concludes
+    /// once; a later verdict changes nothing.
+    fn conclude(&mut self, ctx: &mut Ctx, verdict: Verdict) -> Step {
+        self.pass();
+        // The first conclusion stands.
+        if self.report.is_some() {
+            return Step::Done(Action::Continue);
+        }
+        let concluded = verdict.conclude(ctx);
+        self.report = Some(concluded.report);
+        self.budget = concluded.budget;
+        self.applying = concluded.applying;
+        self.replied = concluded.replied;
+        concluded.step
     }
 
     /// The reply to a call. `None`: not this exchange's call, or nothing to apply.
@@ -316,7 +289,26 @@ impl Exchange {
             return None;
         };
         let mut ctx = self.ctx(plugin, host);
-        let next = count::on_reply(&mut ctx, waiting, reply)?;
+        let Waiting {
+            kind,
+            awaited,
+            pending,
+            ..
+        } = waiting;
+        let next = match awaited {
+            Awaited::Context => count::on_context(&mut ctx, pending, reply),
+            Awaited::Count => count::on_count(&mut ctx, pending, kind, reply),
+            Awaited::Tail(needs) => {
+                let counted = count::on_path(&mut ctx, &pending, kind, reply);
+                proof::tail_counted(&mut ctx, pending, needs, counted)
+            }
+            Awaited::Check { bound, band } => {
+                let counted = count::parse(&ctx, kind, reply);
+                let sent = Sent::of(&pending, bound, band);
+                check::checked(&mut ctx, &pending.model, sent, counted);
+                return None;
+            }
+        };
         Some(self.advance(&mut ctx, next))
     }
 
@@ -337,7 +329,7 @@ impl Exchange {
             return;
         };
         let mut ctx = self.ctx(plugin, host);
-        if let Some(waiting) = super::check::start(&mut ctx, pending, bound, band) {
+        if let Some(waiting) = check::start(&mut ctx, pending, bound, band) {
             self.state = State::Waiting(waiting);
         }
     }
@@ -345,7 +337,7 @@ impl Exchange {
     /// The answer reported its prompt (docs/spec.md §15a): a request sent on a bound is
     /// checked by it, and its conversation anchored, with no count; an exact count it
     /// differs from is counted and logged (once per route and model).
-    pub(super) fn on_usage(&mut self, ctx: &mut Ctx, prompt: u64) {
+    fn on_usage(&mut self, ctx: &mut Ctx, prompt: u64) {
         match std::mem::take(&mut self.state) {
             State::Sent {
                 pending,
@@ -353,28 +345,16 @@ impl Exchange {
                 band,
             } => {
                 ctx.count(Metric::UsageChecks);
-                let sent = super::check::Sent::of(&pending, bound, band);
+                let sent = Sent::of(&pending, bound, band);
                 let counted = crate::backend::Counted {
                     count: prompt,
                     window: None,
                 };
-                super::check::checked(ctx, &pending.model, sent, Ok(counted));
+                check::checked(ctx, &pending.model, sent, Ok(counted));
             }
             other => {
                 self.state = other;
-                let Some(budget) = self.budget.as_ref() else {
-                    return;
-                };
-                let counted = budget.prompt.filter(|_| budget.exact);
-                if counted.is_some_and(|p| p != prompt) {
-                    ctx.count(Metric::UsageMismatch);
-                    if ctx.set_flag(super::store::Flag::UsageMismatch, &budget.model) {
-                        log::warn!(
-                            "incontext: usage {prompt} != count {}: the tokenizer route does not count as the server",
-                            counted.unwrap_or(0)
-                        );
-                    }
-                }
+                answer::usage(ctx, self.budget.as_ref(), prompt);
             }
         }
     }
@@ -398,7 +378,7 @@ impl Exchange {
 
     /// Leaves the request side to its conclusion (the state is `Sent` afterwards when a bound
     /// sent it).
-    pub(super) fn pass(&mut self) {
+    fn pass(&mut self) {
         self.state = State::Passing;
     }
 
@@ -423,5 +403,61 @@ impl Exchange {
                 ..report.clone()
             };
         }
+    }
+
+    /// The upstream's answer head: what to do with its body.
+    pub fn on_response_head(
+        &mut self,
+        plugin: &Plugin,
+        head: &response::Head,
+    ) -> response::HeadStep {
+        if self.replied {
+            return response::HeadStep::Pass;
+        }
+        let translate = plugin.config().translate_errors;
+        self.response
+            .on_headers(self.budget.as_ref(), translate, head)
+    }
+
+    /// A host call on the answer failed: the rest of it passes as it comes.
+    pub fn on_response_host_error(&mut self) {
+        self.response = response::Response::default();
+    }
+
+    /// An answer body chunk arrived; `size` is what the host buffered.
+    pub fn on_response_body(&mut self, size: usize, end_of_stream: bool) -> response::BodyStep {
+        self.response.on_body(size, end_of_stream)
+    }
+
+    /// Whether the filter holds part of the answer (see [`response::Response::holds`]).
+    pub fn response_holds(&self) -> bool {
+        self.response.holds()
+    }
+
+    /// The bytes [`response::BodyStep::Read`] asked for: what to send instead, if anything.
+    /// A translated window error teaches the context length it names.
+    pub fn on_response_data(
+        &mut self,
+        plugin: &Plugin,
+        host: &mut dyn Host,
+        data: &[u8],
+        end_of_stream: bool,
+    ) -> response::Edit {
+        let out = self
+            .response
+            .on_data(self.budget.as_ref(), data, end_of_stream);
+        let mut ctx = self.ctx(plugin, host);
+        if let Some(prompt) = answer::told(&mut ctx, self.budget.as_ref(), &out) {
+            self.on_usage(&mut ctx, prompt);
+        }
+        out.edit
+    }
+
+    /// The headers to add to the upstream's response.
+    pub fn response_headers(&self, plugin: &Plugin) -> Vec<(&'static str, String)> {
+        if !plugin.config().response_headers || self.replied {
+            return Vec::new();
+        }
+        answer::headers(self.report.as_ref())
     }
 }

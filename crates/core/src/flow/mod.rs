@@ -2,17 +2,29 @@
 //! glue drives an [`Exchange`] from the host's callbacks and applies what it returns; it
 //! decides nothing. The host is reached only through [`Host`].
 //!
-//! * [`exchange`]: the states of one request and the callbacks that move it between them;
-//! * [`route`]: the plugin and its routes; a request resolves its route once;
+//! The modules use each other in one direction, from the driver down:
+//!
+//! * [`exchange`]: the states of one request and the callbacks that move it between them.
+//!   It is the only driver: it calls the strategies and applies what they return;
+//! * [`answer`]: the upstream's answer (docs/spec.md §13): what its bytes told, its usage
+//!   held against an exact count;
+//! * [`orphan`]: a call whose request is gone;
+//! * [`partial`]: a hit decided on a body read in part;
+//! * one module per strategy, each returning what to do next (`Next`) and naming
+//!   only modules below it: [`count`] (the cache, the exact count, the estimate; a bound may
+//!   prove the outcome first), [`proof`] (the byte and tail bounds, the cap from a bound),
+//!   [`check`] (the count after a skipped request), [`conclude`] (every path ends in one
+//!   `Verdict`, which sets the report, the counter and what the answer side needs
+//!   together), [`context`] (learning C);
+//! * `state`: the values they pass: a request held or sent, a call in flight and what it
+//!   awaits, what to do next, how a request ends;
 //! * [`store`]: every shared-data table (counts, anchors, learned context lengths, flags),
 //!   each bounded;
-//! * one module per strategy: [`count`] (the cache, the exact count, the estimate),
-//!   [`context`] (learning C), [`proof`] (the byte and tail bounds), [`check`] (the count
-//!   after a skipped request), [`orphan`] (a call whose request is gone), [`partial`] (a hit
-//!   decided on a body read in part);
-//! * [`conclude`]: every path ends in one [`conclude::Verdict`], which sets the report, the
-//!   counter and what the answer side needs together;
-//! * [`answer`]: the upstream's answer (docs/spec.md §13).
+//! * [`route`]: the plugin and its routes; a request resolves its route once;
+//! * `metric`: the counters and histograms.
+//!
+//! No module but this one names `exchange`, and no two use each other (a test reads the
+//! sources and holds them to it).
 //!
 //! docs/design.md draws the states and the calls.
 
@@ -27,6 +39,7 @@ mod orphan;
 pub mod partial;
 mod proof;
 mod route;
+mod state;
 mod store;
 #[cfg(test)]
 mod tests;

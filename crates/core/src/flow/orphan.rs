@@ -3,8 +3,8 @@
 //! checked bound), so the next identical request need not ask again. It holds the cache key,
 //! the model and the conversation's last link, not the body.
 
-use super::exchange::{Awaited, Waiting};
 use super::route::RouteId;
+use super::state::{Awaited, Sent, Waiting};
 use super::{check, context, count, Host, Metric, Plugin, Reply};
 use crate::backend::CallKind;
 
@@ -76,7 +76,7 @@ impl Orphan {
             },
             Kept::Check(bound, band) => {
                 let counted = count::parse(&ctx, self.kind, reply);
-                let sent = check::Sent {
+                let sent = Sent {
                     key: self.key,
                     link: self.link,
                     bound,

@@ -32,9 +32,9 @@
 //!
 //! The table is per thread, bounded: 32 lengths, each with at most 2 values.
 
-use super::conclude::Verdict;
 use super::count;
 use super::route::{Plugin, RouteId};
+use super::state::Verdict;
 use super::Host;
 use crate::config::Config;
 use crate::dialect::{Endpoint, Form};

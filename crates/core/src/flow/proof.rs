@@ -2,10 +2,8 @@
 //! count of a prefix of the conversation plus the bytes of what it added, or, where those
 //! bytes do not prove it, plus the server's count of the new messages alone.
 
-use super::conclude::Verdict;
-use super::count;
-use super::exchange::{Awaited, Next, Pending};
 use super::route::Ctx;
+use super::state::{Awaited, Next, Pending, TailNeeds, Verdict, BAND_SLACK};
 use super::store::Flag;
 use super::Metric;
 use crate::backend::{self, Counted};
@@ -21,9 +19,6 @@ pub enum Proof {
     /// Counting the new messages alone may prove it: the call, and what its count must meet.
     Tail(backend::Call, Awaited),
 }
-
-/// How far below the exact cap a cap written from a bound may be (docs/spec.md §15a).
-pub const BAND_SLACK: u64 = 64;
 
 /// The allowance of a bound built from exact counts beyond the seam, at most: what the server
 /// may render less than the prefix and the tail counted apart (measured: 3 for Qwen3's
@@ -157,16 +152,6 @@ pub fn remember_last(ctx: &mut Ctx, pending: &Pending, chain: &bound::Chain) {
     }
 }
 
-/// What a tail's count must meet: P_hi = `base` + the count; the request skips its count
-/// when W − P_hi ≥ `fits`, and has its cap written from P_hi when W − P_hi ≥ `band`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TailNeeds {
-    pub base: u64,
-    pub fits: Option<u64>,
-    pub band: Option<u64>,
-    pub w: u64,
-}
-
 /// The tail's count: the request skips its count when it proves the outcome, has its cap
 /// written from the bound where the bound leaves what the rule requires, and is counted whole
 /// otherwise. A server that refuses to count a tail alone (its template wants a whole
@@ -203,7 +188,7 @@ pub fn tail_counted(
             }
         }
     }
-    count::whole(ctx, pending)
+    Next::Whole(pending)
 }
 
 /// The cap written from P_hi: the rule's own decision with P_hi for P. P_hi ≥ P, so the cap
@@ -221,7 +206,7 @@ fn band(ctx: &mut Ctx, pending: Box<Pending>, p_hi: u64, w: u64) -> Next {
         .then(|| Verdict::decide(ctx, &pending.req, pending.body.clone(), count))
     {
         Some(verdict @ Verdict::Rewritten { .. }) => Next::Band(pending, p_hi, verdict),
-        _ => count::whole(ctx, pending),
+        _ => Next::Whole(pending),
     }
 }
 

@@ -4,6 +4,7 @@ mod answers;
 mod count;
 mod forms;
 mod guess;
+mod modules;
 mod partial;
 mod routes;
 mod skip;

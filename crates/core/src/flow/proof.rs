@@ -37,7 +37,8 @@ struct Needs {
 /// What a request must leave (see [`Needs`]), with W and C. `fits` only where writing the
 /// cap back would change nothing: one valid cap member, of the field the rewrite writes,
 /// with a thinking budget that needs no lowering; or none at all where the server itself
-/// takes the rest of the window (W = C). `band` wherever there is a valid cap.
+/// takes the rest of the window (W = C). `band` wherever there is a valid cap, or none where
+/// the rule writes one (chat and Responses).
 fn needs(ctx: &mut Ctx, pending: &Pending) -> Option<(Needs, u64)> {
     let req = &pending.req;
     let learned = match ctx.config().context_length {
@@ -65,7 +66,12 @@ fn needs(ctx: &mut Ctx, pending: &Pending) -> Option<(Needs, u64)> {
         }
         None => None,
     };
-    let band = req.cap.map(|cap| cap.value.min(reserve));
+    // Without a cap the rule rewrites when W − P ≥ R, writing W − P.
+    let uncapped = req.cap_members.is_empty() && matches!(req.form, Form::Chat | Form::Responses);
+    let band = match req.cap {
+        Some(cap) => Some(cap.value.min(reserve)),
+        None => uncapped.then_some(reserve),
+    };
     (fits.is_some() || band.is_some()).then_some((Needs { fits, band }, w))
 }
 
@@ -82,7 +88,7 @@ pub fn prove(ctx: &mut Ctx, pending: &Pending, chain: &bound::Chain) -> Option<P
     }
     let n = chain.links.len();
     for k in (n.saturating_sub(bound::MAX_PROBES).max(1)..=n).rev() {
-        let Some((anchor, prefix_tokens)) = prefix(ctx, pending, chain, k) else {
+        let Some((anchor, prefix_tokens, reshaped)) = prefix(ctx, pending, chain, k) else {
             continue;
         };
         let body = &pending.body;
@@ -96,9 +102,11 @@ pub fn prove(ctx: &mut Ctx, pending: &Pending, chain: &bound::Chain) -> Option<P
         }
         let tail = bounds.tail?;
         let seam = tail.base.saturating_sub(anchor.tokens);
+        // A message sent again with blocks left out renders to fewer tokens than the anchor
+        // holds, by as many as those blocks had: no cap is written from such a bound.
         let band = needs
             .band
-            .filter(|_| anchor.exact && seam.saturating_add(SEAM_BELOW) <= BAND_SLACK);
+            .filter(|_| anchor.exact && !reshaped && seam.saturating_add(SEAM_BELOW) <= BAND_SLACK);
         let fits = needs.fits;
         let worth = |need: Option<u64>| need.is_some_and(|need| tail.may_prove(need, w));
         if !(worth(fits) || worth(band)) || ctx.flagged(Flag::TailOff, &pending.model) {
@@ -121,19 +129,19 @@ pub fn prove(ctx: &mut Ctx, pending: &Pending, chain: &bound::Chain) -> Option<P
 /// The anchor that bounds the first `k` messages of the conversation, and the tokens they
 /// are bounded by: the anchor of those very messages; else, where message `k − 1` is the
 /// last message of an earlier conversation sent again with text blocks left out, that
-/// conversation's anchor and RESHAPE more (docs/spec.md §15b).
+/// conversation's anchor and RESHAPE more (docs/spec.md §15b); and whether it was that.
 fn prefix(
     ctx: &mut Ctx,
     pending: &Pending,
     chain: &bound::Chain,
     k: usize,
-) -> Option<(bound::Entry, u64)> {
+) -> Option<(bound::Entry, u64, bool)> {
     if let Some(anchor) = chain
         .links
         .get(k.checked_sub(1)?)
         .and_then(|l| ctx.anchor(*l))
     {
-        return Some((anchor, anchor.tokens));
+        return Some((anchor, anchor.tokens, false));
     }
     let before = *chain.links.get(k.checked_sub(2)?)?;
     let last = ctx.last(before)?;
@@ -141,7 +149,7 @@ fn prefix(
         return None;
     }
     let anchor = ctx.anchor(last.link)?;
-    Some((anchor, anchor.tokens.checked_add(bound::RESHAPE)?))
+    Some((anchor, anchor.tokens.checked_add(bound::RESHAPE)?, true))
 }
 
 /// Keeps the request's last message under the link before it, for a later turn that sends
@@ -201,7 +209,8 @@ fn band(ctx: &mut Ctx, pending: Box<Pending>, p_hi: u64, w: u64) -> Next {
         source: Source::Bound,
         max_model_len: None,
     };
-    let value = (pending.req.cap).map_or(0, |cap| cap.value.min(w.saturating_sub(p_hi)));
+    let room = w.saturating_sub(p_hi);
+    let value = (pending.req.cap).map_or(room, |cap| cap.value.min(room));
     match needs_no_budget(&pending, value)
         .then(|| Verdict::decide(ctx, &pending.req, pending.body.clone(), count))
     {

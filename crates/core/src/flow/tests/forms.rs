@@ -287,3 +287,59 @@ fn a_message_sent_again_with_a_block_changed_is_counted() {
     assert_eq!(host.count(Metric::CountSkipped), 0);
     assert_eq!(host.count(Metric::TailCounts), 0);
 }
+
+#[test]
+fn a_responses_turn_without_a_cap_under_a_smaller_window_has_its_cap_written_from_a_bound() {
+    let (p, mut host) = setup(r#","context_length":40960,"window_tokens":32768"#);
+    let (_, step) = counted(
+        &p,
+        &mut host,
+        RESPONSES_PATH,
+        codex_turn(0, 10),
+        &token_ids(900),
+    );
+    assert_eq!(rewritten(step)["max_output_tokens"], 32768 - 900);
+    // W < C: vLLM would take C − P, so the rule writes W − P; a tail's count bounds it.
+    let (mut y, step) = send(&p, &mut host, RESPONSES_PATH, codex_turn(1, 10));
+    assert!(matches!(step, Step::Wait));
+    assert_eq!(host.count(Metric::TailCounts), 1);
+    assert_eq!(host.calls[1].2.path, "/v1/responses/render");
+    let step = reply(&p, &mut host, &mut y, 200, &token_ids(120));
+    let p_hi = 900 + 120 + bound::SEAM;
+    assert_eq!(rewritten(step)["max_output_tokens"], 32768 - p_hi);
+    assert_eq!(header(&y, &p, HEADER_SOURCE).as_deref(), Some("bound"));
+    assert_eq!(header(&y, &p, HEADER_PROMPT), Some(p_hi.to_string()));
+    assert_eq!(host.count(Metric::CountSkipped), 1);
+    // Checked after its stream like any skipped request: within the slack, no violation.
+    y.on_stream_end(&p, &mut host);
+    let token = y.pending_token().unwrap();
+    let check = token_ids(1030);
+    y.on_reply(&p, &mut host, &reply_of(token, Some(200), check.as_bytes()));
+    assert_eq!(host.count(Metric::BoundViolations), 0);
+}
+
+#[test]
+fn no_cap_is_written_from_a_message_sent_again_with_blocks_left_out() {
+    let (p, mut host) = setup(SKIP);
+    let chat = "/v1/chat/completions";
+    // Near the edge: the bytes do not prove the cap fits, the cap must be rewritten.
+    let edge = |b: &str| leak(b.replace(r#""max_tokens":32768"#, r#""max_tokens":2000"#));
+    counted(
+        &p,
+        &mut host,
+        chat,
+        edge(qwen_turn(&["list"])),
+        &tokenized(38900, 40960),
+    );
+    let (_, step) = send(&p, &mut host, chat, edge(qwen_turn(&["list", "read"])));
+    assert!(matches!(step, Step::Wait));
+    assert_eq!(
+        host.count(Metric::TailCounts),
+        0,
+        "no band: the whole prompt"
+    );
+    assert_eq!(host.calls.last().unwrap().2.path, "/tokenize");
+    let sent: serde_json::Value =
+        serde_json::from_slice(host.calls.last().unwrap().2.body.as_deref().unwrap()).unwrap();
+    assert_eq!(sent["messages"].as_array().unwrap().len(), 4);
+}

@@ -18,7 +18,7 @@ from tests.harness import promql
 
 RULES = Path(__file__).resolve().parents[2] / "deploy" / "prometheus" / "incontext-rules.yml"
 WAYS = 16    # entries of a set (docs/spec.md §6)
-RECORD = 32  # evictions a set remembers
+RECORD = 256  # evictions a set of the anchor table remembers
 
 
 def alert_expr():

@@ -5,9 +5,9 @@
 //! its 128-bit hash modulo the number of sets, so at most that many values ever exist, however
 //! many distinct prompts and conversations arrive. A way keeps the key's whole hash, a
 //! 16-byte payload and a stamp: the set's count of stores when the way was last written. A
-//! store into a full set replaces the way stored least recently, and keeps a 32-bit tag of
-//! the key it evicted in the set's record of its last [`RECORD`] evictions, so that a lookup
-//! that misses can tell a key evicted lately from one never stored.
+//! store into a full set replaces the way stored least recently. A table may keep, in each
+//! set, a record of 32-bit tags of the keys its last evictions dropped ([`Shape::record`]), so
+//! that a lookup that misses can tell a key evicted lately from one never stored.
 //!
 //! A value that is not a set of this shape (another version's, a torn or foreign one) reads
 //! as an empty set: every lookup misses, and the next store starts the set afresh. A store
@@ -17,14 +17,26 @@
 
 /// Ways per set.
 pub const WAYS: u32 = 16;
-/// Evicted keys remembered per set.
-pub const RECORD: usize = 32;
 /// A way's payload.
 pub const PAYLOAD: usize = 16;
 /// Hash, payload, stamp.
 const WAY: usize = 16 + PAYLOAD + 8;
-/// The value of one set: its ways, then its record.
-pub const SET_BYTES: usize = WAYS as usize * WAY + RECORD * 4;
+/// The ways of one set.
+const WAYS_BYTES: usize = WAYS as usize * WAY;
+
+/// What a table's sets hold besides their ways.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shape {
+    /// Evicted keys remembered per set (0: none).
+    pub record: usize,
+}
+
+impl Shape {
+    /// The bytes of one set's value: its ways, then its record.
+    pub const fn set_bytes(self) -> usize {
+        WAYS_BYTES + 4 * self.record
+    }
+}
 
 /// How many sets a table of `entries` entries has (at least one).
 pub fn sets(entries: u32) -> u32 {
@@ -41,7 +53,7 @@ pub fn set_of(hash: u128, entries: u32) -> u32 {
 pub enum Found {
     /// The key's payload.
     Hit([u8; PAYLOAD]),
-    /// The set evicted the key within its last [`RECORD`] evictions.
+    /// The set evicted the key within the evictions its record reaches.
     Evicted,
     /// Not stored, or evicted longer ago than the record reaches.
     Miss,
@@ -50,6 +62,7 @@ pub enum Found {
 /// One set, decoded from its value (or empty).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Set {
+    shape: Shape,
     bytes: Vec<u8>,
 }
 
@@ -72,20 +85,19 @@ fn u128_at(bytes: &[u8], at: usize) -> u128 {
         .map_or(0, u128::from_le_bytes)
 }
 
-impl Default for Set {
-    fn default() -> Set {
+impl Set {
+    pub fn empty(shape: Shape) -> Set {
         Set {
-            bytes: vec![0; SET_BYTES],
+            shape,
+            bytes: vec![0; shape.set_bytes()],
         }
     }
-}
 
-impl Set {
-    /// The set a stored value holds; an empty one when it is none.
-    pub fn decode(value: Option<Vec<u8>>) -> Set {
+    /// The set of `shape` a stored value holds; an empty one when it is none.
+    pub fn decode(shape: Shape, value: Option<Vec<u8>>) -> Set {
         match value {
-            Some(bytes) if bytes.len() == SET_BYTES => Set { bytes },
-            _ => Set::default(),
+            Some(bytes) if bytes.len() == shape.set_bytes() => Set { shape, bytes },
+            _ => Set::empty(shape),
         }
     }
 
@@ -112,8 +124,8 @@ impl Set {
     }
 
     fn record(&self) -> impl Iterator<Item = u32> + '_ {
-        let start = WAYS as usize * WAY;
-        (0..RECORD).map(move |i| {
+        let start = WAYS_BYTES;
+        (0..self.shape.record).map(move |i| {
             self.bytes
                 .get(start + 4 * i..start + 4 * i + 4)
                 .and_then(|b| b.try_into().ok())
@@ -161,13 +173,15 @@ impl Set {
 
     /// Puts `tag` first in the record, dropping the oldest.
     fn remember(&mut self, tag: u32) {
-        let start = WAYS as usize * WAY;
-        self.bytes
-            .copy_within(start..start + (RECORD - 1) * 4, start + 4);
+        let Some(kept) = self.shape.record.checked_sub(1) else {
+            return;
+        };
+        let start = WAYS_BYTES;
+        self.bytes.copy_within(start..start + kept * 4, start + 4);
         self.write(start, &tag.to_le_bytes());
     }
 
-    /// Copies `src` to `at` (a set's buffer always has the room: it is [`SET_BYTES`] long).
+    /// Copies `src` to `at` (a set's buffer always has the room: [`Shape::set_bytes`]).
     fn write(&mut self, at: usize, src: &[u8]) {
         if let Some(dst) = self.bytes.get_mut(at..at + src.len()) {
             dst.copy_from_slice(src);
@@ -193,6 +207,9 @@ mod tests {
         [v; PAYLOAD]
     }
 
+    const RECORD: usize = 32;
+    const SHAPE: Shape = Shape { record: RECORD };
+
     /// `n` keys that all fall in set 0 of a table of `entries` entries.
     fn same_set(n: usize, entries: u32) -> Vec<u128> {
         (0..)
@@ -209,13 +226,14 @@ mod tests {
         assert_eq!(sets(17), 2);
         assert_eq!(sets(65536), 4096);
         assert_eq!(sets(1 << 20), 65536);
-        assert_eq!(SET_BYTES, 16 * 40 + 32 * 4);
+        assert_eq!(SHAPE.set_bytes(), 16 * 40 + 32 * 4);
+        assert_eq!(Shape { record: 0 }.set_bytes(), 640);
     }
 
     #[test]
     fn a_full_set_evicts_the_way_stored_least_recently() {
         let keys = same_set(20, 64);
-        let mut set = Set::default();
+        let mut set = Set::empty(SHAPE);
         for (i, k) in keys.iter().take(16).enumerate() {
             assert_eq!(set.store(*k, &payload(i as u8)), None);
         }
@@ -235,12 +253,20 @@ mod tests {
         }
         assert_eq!(set.find(keys[19]), Found::Miss);
         assert_eq!(set.occupied(), 16);
+        // A table without a record evicts the same, and tells nothing of it.
+        let mut bare = Set::empty(Shape { record: 0 });
+        for k in &keys[..17] {
+            bare.store(*k, &payload(1));
+        }
+        assert_eq!(bare.find(keys[0]), Found::Miss);
+        assert!(matches!(bare.find(keys[16]), Found::Hit(_)));
+        assert_eq!(bare.encode().len(), 640);
     }
 
     #[test]
     fn the_record_reaches_back_its_last_evictions_only() {
         let keys = same_set(16 + RECORD + 1, 16);
-        let mut set = Set::default();
+        let mut set = Set::empty(SHAPE);
         for k in &keys {
             set.store(*k, &payload(1));
         }
@@ -256,7 +282,7 @@ mod tests {
 
     #[test]
     fn a_colliding_hash_reads_as_a_miss() {
-        let mut set = Set::default();
+        let mut set = Set::empty(SHAPE);
         let k = key(1);
         set.store(k, &payload(7));
         assert_eq!(set.find(k), Found::Hit(payload(7)));
@@ -267,16 +293,19 @@ mod tests {
 
     #[test]
     fn a_value_of_another_shape_reads_as_an_empty_set() {
-        let mut set = Set::default();
+        let mut set = Set::empty(SHAPE);
         set.store(key(1), &payload(7));
         let mut bytes = set.encode().to_vec();
         assert_eq!(
-            Set::decode(Some(bytes.clone())).find(key(1)),
+            Set::decode(SHAPE, Some(bytes.clone())).find(key(1)),
             Found::Hit(payload(7))
         );
         bytes.pop();
-        assert_eq!(Set::decode(Some(bytes)).find(key(1)), Found::Miss);
-        assert_eq!(Set::decode(Some(b"short".to_vec())), Set::default());
-        assert_eq!(Set::decode(None).occupied(), 0);
+        assert_eq!(Set::decode(SHAPE, Some(bytes)).find(key(1)), Found::Miss);
+        assert_eq!(
+            Set::decode(SHAPE, Some(b"short".to_vec())),
+            Set::empty(SHAPE)
+        );
+        assert_eq!(Set::decode(SHAPE, None).occupied(), 0);
     }
 }

@@ -143,7 +143,8 @@ mod tests {
     /// do: every key is a set, every value a whole set, every key found holds its own value.
     #[test]
     fn the_cores_sets_stay_whole_and_bounded_under_concurrent_stores() {
-        use incontext_core::table::{set_of, Found, Set, SET_BYTES};
+        use incontext_core::table::{set_of, Found, Set, Shape};
+        const SHAPE: Shape = Shape { record: 256 };
         const ENTRIES: u32 = 256;
         let payload = |h: u128| {
             let mut p = [0u8; 16];
@@ -161,7 +162,7 @@ mod tests {
                     for i in 0..5000u64 {
                         let h = hash(w, i);
                         let key = format!("s.{}", set_of(h, ENTRIES));
-                        let mut set = Set::decode(t.get(&key));
+                        let mut set = Set::decode(SHAPE, t.get(&key));
                         set.store(h, &payload(h));
                         assert!(t.set(&key, set.encode()));
                     }
@@ -177,8 +178,8 @@ mod tests {
             for i in 0..5000u64 {
                 let h = hash(w, i);
                 let value = t.get(&format!("s.{}", set_of(h, ENTRIES))).unwrap();
-                assert_eq!(value.len(), SET_BYTES);
-                match Set::decode(Some(value)).find(h) {
+                assert_eq!(value.len(), SHAPE.set_bytes());
+                match Set::decode(SHAPE, Some(value)).find(h) {
                     Found::Hit(p) => {
                         assert_eq!(p, payload(h), "a way holds its own key's payload");
                         found += 1;

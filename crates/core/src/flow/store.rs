@@ -20,7 +20,7 @@ use super::Metric;
 use crate::backend::Counted;
 use crate::bound;
 use crate::cache;
-use crate::table::{self, Found, Set, PAYLOAD};
+use crate::table::{self, Found, Set, Shape, PAYLOAD};
 use crate::tokenize::Reply as Stored;
 use xxhash_rust::xxh3::Xxh3;
 
@@ -64,8 +64,31 @@ fn set_key(table: &str, set: u32) -> String {
     format!("{PREFIX}{table}.{set}")
 }
 
-const COUNTS: &str = "counts";
-const ANCHORS: &str = "anchors";
+/// A table's name in its keys, and what its sets hold.
+#[derive(Clone, Copy)]
+struct Table {
+    name: &'static str,
+    shape: Shape,
+}
+
+/// The count cache: a miss costs one count, whatever the reason.
+const COUNTS: Table = Table {
+    name: "counts",
+    shape: Shape { record: 0 },
+};
+
+/// Evicted anchors remembered per set: a turn finds its anchor's eviction when its set evicted
+/// fewer than this many keys since, that is while the table holds at least about a
+/// seventeenth of the conversations that take a turn between two turns of one conversation.
+pub const ANCHOR_RECORD: usize = 256;
+
+/// The conversations' anchors, with a record of each set's last evictions.
+const ANCHORS: Table = Table {
+    name: "anchors",
+    shape: Shape {
+        record: ANCHOR_RECORD,
+    },
+};
 
 fn encode_anchor(e: bound::Entry) -> [u8; PAYLOAD] {
     let mut out = [0u8; PAYLOAD];
@@ -104,14 +127,14 @@ fn u64_at(bytes: &[u8], at: usize) -> Option<u64> {
 
 impl Ctx<'_> {
     /// The set of `table` that holds `hash`, and its key.
-    fn set(&mut self, table: &str, hash: u128) -> (String, Set) {
-        let key = set_key(table, table::set_of(hash, self.config().cache_entries));
-        let set = Set::decode(self.host.get_shared(&key));
+    fn set(&mut self, table: Table, hash: u128) -> (String, Set) {
+        let key = set_key(table.name, table::set_of(hash, self.config().cache_entries));
+        let set = Set::decode(table.shape, self.host.get_shared(&key));
         (key, set)
     }
 
     /// Stores `payload` under `hash` in `table`: one read, one write.
-    fn put(&mut self, table: &str, hash: u128, payload: &[u8; PAYLOAD]) {
+    fn put(&mut self, table: Table, hash: u128, payload: &[u8; PAYLOAD]) {
         let (key, mut set) = self.set(table, hash);
         if set.store(hash, payload).is_some() {
             self.count(Metric::Evictions);
@@ -334,8 +357,8 @@ mod tests {
             };
             ctx.store_count(link(i, 0), "m", Some(link(i, 1)), counted);
         }
-        let keys = |host: &FakeHost, table: &str| {
-            let prefix = format!("{PREFIX}{table}.");
+        let keys = |host: &FakeHost, table: Table| {
+            let prefix = format!("{PREFIX}{}.", table.name);
             host.shared
                 .keys()
                 .filter(|k| k.starts_with(&prefix))
@@ -345,7 +368,15 @@ mod tests {
         assert_eq!(keys(&host, COUNTS), 63);
         assert_eq!(keys(&host, ANCHORS), 63);
         assert_eq!(host.shared.len(), 126);
-        assert!(host.shared.values().all(|v| v.len() == table::SET_BYTES));
+        let sizes = |table: Table| {
+            let prefix = format!("{PREFIX}{}.", table.name);
+            (host.shared.iter())
+                .filter(|(k, _)| k.starts_with(&prefix))
+                .all(|(_, v)| v.len() == table.shape.set_bytes())
+        };
+        assert!(sizes(COUNTS) && sizes(ANCHORS));
+        assert_eq!(COUNTS.shape.set_bytes(), 640);
+        assert_eq!(ANCHORS.shape.set_bytes(), 640 + 4 * 256);
         // 63 × 16 ways of each table hold keys; every other store evicted one.
         assert_eq!(host.count(Metric::Evictions), 2 * (100_000 - 63 * 16));
         // The last stored are there, as written.
@@ -422,8 +453,8 @@ mod tests {
         assert_eq!(run(15), (false, 0));
         // 16 evict it: the turn is counted, and counted as an evicted anchor's.
         assert_eq!(run(16), (true, 1));
-        assert_eq!(run(16 + table::RECORD as u64 - 1), (true, 1));
+        assert_eq!(run(16 + ANCHOR_RECORD as u64 - 1), (true, 1));
         // Past the record's reach, the eviction is no longer seen.
-        assert_eq!(run(16 + table::RECORD as u64), (true, 0));
+        assert_eq!(run(16 + ANCHOR_RECORD as u64), (true, 0));
     }
 }

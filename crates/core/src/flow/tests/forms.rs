@@ -31,16 +31,16 @@ fn claude_turn(rounds: usize) -> &'static str {
     ))
 }
 
+/// Claude Code's first turn, counted as 900 tokens.
+fn claude_first(p: &Plugin, host: &mut FakeHost) {
+    let count = r#"{"input_tokens":900}"#;
+    counted(p, host, "/v1/messages", claude_turn(0), count);
+}
+
 #[test]
 fn a_message_sent_again_as_a_string_keeps_the_prefix_its_blocks_were_counted_with() {
     let (p, mut host) = setup(SKIP);
-    counted(
-        &p,
-        &mut host,
-        "/v1/messages",
-        claude_turn(0),
-        r#"{"input_tokens":900}"#,
-    );
+    claude_first(&p, &mut host);
     assert_eq!(host.calls.len(), 1);
     for rounds in 1..4 {
         let (mut y, step) = send(&p, &mut host, "/v1/messages", claude_turn(rounds));
@@ -54,9 +54,12 @@ fn a_message_sent_again_as_a_string_keeps_the_prefix_its_blocks_were_counted_wit
             1 + rounds,
             "only the checks, off the path"
         );
-        let token = y.pending_token().unwrap();
-        let count = format!(r#"{{"input_tokens":{}}}"#, 900 + 40 * rounds);
-        y.on_reply(&p, &mut host, &reply_of(token, Some(200), count.as_bytes()));
+        checked(
+            &p,
+            &mut host,
+            &mut y,
+            &format!(r#"{{"input_tokens":{}}}"#, 900 + 40 * rounds),
+        );
     }
     assert_eq!(host.count(Metric::CountSkipped), 3);
     assert_eq!(host.count(Metric::BoundViolations), 0);
@@ -65,13 +68,7 @@ fn a_message_sent_again_as_a_string_keeps_the_prefix_its_blocks_were_counted_wit
 #[test]
 fn a_message_sent_again_in_a_form_that_renders_otherwise_is_counted() {
     let (p, mut host) = setup(SKIP);
-    counted(
-        &p,
-        &mut host,
-        "/v1/messages",
-        claude_turn(0),
-        r#"{"input_tokens":900}"#,
-    );
+    claude_first(&p, &mut host);
     // The first message split in two blocks renders with a separator: not the prefix.
     let split = claude_turn(1).replacen(
         r#"{"role":"user","content":"fix the bug"}"#,
@@ -116,16 +113,28 @@ fn token_ids(n: usize) -> String {
 
 const RESPONSES_PATH: &str = "/v1/responses";
 
+/// The count out for `y` (its check) answered with `body`.
+fn checked(p: &Plugin, host: &mut FakeHost, y: &mut Exchange, body: &str) {
+    let token = y.pending_token().expect("a check is out");
+    y.on_reply(p, host, &reply_of(token, Some(200), body.as_bytes()));
+}
+
+/// Codex's first turn, rendered as `tokens`: the step it took.
+fn codex_first(p: &Plugin, host: &mut FakeHost, tokens: usize) -> Step {
+    counted(
+        p,
+        host,
+        RESPONSES_PATH,
+        codex_turn(0, 10),
+        &token_ids(tokens),
+    )
+    .1
+}
+
 #[test]
 fn responses_turns_skip_their_count_like_chat_turns() {
     let (p, mut host) = setup(SKIP);
-    let (_, step) = counted(
-        &p,
-        &mut host,
-        RESPONSES_PATH,
-        codex_turn(0, 10),
-        &token_ids(900),
-    );
+    let step = codex_first(&p, &mut host, 900);
     let first = rewritten(step);
     assert_eq!(first["max_output_tokens"], 40960 - 900);
     assert_eq!(host.calls[0].2.path, "/v1/responses/render");
@@ -141,9 +150,7 @@ fn responses_turns_skip_their_count_like_chat_turns() {
     y.on_stream_end(&p, &mut host);
     assert_eq!(host.calls.len(), 2);
     assert_eq!(host.calls[1].2.path, "/v1/responses/render");
-    let token = y.pending_token().unwrap();
-    let check = token_ids(950);
-    y.on_reply(&p, &mut host, &reply_of(token, Some(200), check.as_bytes()));
+    checked(&p, &mut host, &mut y, &token_ids(950));
     assert_eq!(host.count(Metric::BoundViolations), 0);
     assert_eq!(host.count(Metric::CountSkipped), 1);
 }
@@ -152,13 +159,7 @@ fn responses_turns_skip_their_count_like_chat_turns() {
 fn a_responses_tail_is_rendered_alone_without_instructions_and_tools() {
     let (p, mut host) = setup(SKIP);
     // 40960 − R (64) leaves room for the first turn; the second's bytes do not prove it.
-    counted(
-        &p,
-        &mut host,
-        RESPONSES_PATH,
-        codex_turn(0, 10),
-        &token_ids(38000),
-    );
+    codex_first(&p, &mut host, 38000);
     let (mut y, step) = send(&p, &mut host, RESPONSES_PATH, codex_turn(1, 8000));
     assert!(matches!(step, Step::Wait));
     assert_eq!(host.count(Metric::TailCounts), 1);
@@ -185,13 +186,7 @@ fn a_responses_tail_is_rendered_alone_without_instructions_and_tools() {
 #[test]
 fn responses_items_the_bound_cannot_see_through_are_counted() {
     let (p, mut host) = setup(SKIP);
-    counted(
-        &p,
-        &mut host,
-        RESPONSES_PATH,
-        codex_turn(0, 10),
-        &token_ids(900),
-    );
+    codex_first(&p, &mut host, 900);
     let image = codex_turn(1, 10).replacen(
         r#"{"type":"function_call_output","call_id":"call_0","output":"zzzzzzzzzz"}"#,
         r#"{"type":"message","role":"user","content":[{"type":"input_image","image_url":"data:x"}]}"#,
@@ -229,17 +224,23 @@ fn qwen_turn(prompts: &[&str]) -> &'static str {
     ))
 }
 
+/// Qwen Code's first turn, counted as `tokens`; the chat path.
+fn qwen_first(p: &Plugin, host: &mut FakeHost, tokens: u64) -> &'static str {
+    let chat = "/v1/chat/completions";
+    counted(
+        p,
+        host,
+        chat,
+        qwen_turn(&["list"]),
+        &tokenized(tokens, 40960),
+    );
+    chat
+}
+
 #[test]
 fn a_message_sent_again_without_its_date_block_keeps_the_count_it_was_in() {
     let (p, mut host) = setup(SKIP);
-    let chat = "/v1/chat/completions";
-    counted(
-        &p,
-        &mut host,
-        chat,
-        qwen_turn(&["list"]),
-        &tokenized(900, 40960),
-    );
+    let chat = qwen_first(&p, &mut host, 900);
     let (mut y, step) = send(&p, &mut host, chat, qwen_turn(&["list", "read"]));
     assert!(matches!(step, Step::Done(Action::Continue)));
     assert_eq!(host.calls.len(), 1, "no count on the path");
@@ -258,14 +259,7 @@ fn a_message_sent_again_without_its_date_block_keeps_the_count_it_was_in() {
 #[test]
 fn a_message_sent_again_with_a_block_changed_is_counted() {
     let (p, mut host) = setup(SKIP);
-    let chat = "/v1/chat/completions";
-    counted(
-        &p,
-        &mut host,
-        chat,
-        qwen_turn(&["list"]),
-        &tokenized(900, 40960),
-    );
+    let chat = qwen_first(&p, &mut host, 900);
     for changed in [
         // Another text where the date was, or the blocks in another order.
         qwen_turn(&["list", "read"]).replacen(
@@ -291,13 +285,7 @@ fn a_message_sent_again_with_a_block_changed_is_counted() {
 #[test]
 fn a_responses_turn_without_a_cap_under_a_smaller_window_has_its_cap_written_from_a_bound() {
     let (p, mut host) = setup(r#","context_length":40960,"window_tokens":32768"#);
-    let (_, step) = counted(
-        &p,
-        &mut host,
-        RESPONSES_PATH,
-        codex_turn(0, 10),
-        &token_ids(900),
-    );
+    let step = codex_first(&p, &mut host, 900);
     assert_eq!(rewritten(step)["max_output_tokens"], 32768 - 900);
     // W < C: vLLM would take C − P, so the rule writes W − P; a tail's count bounds it.
     let (mut y, step) = send(&p, &mut host, RESPONSES_PATH, codex_turn(1, 10));
@@ -312,9 +300,7 @@ fn a_responses_turn_without_a_cap_under_a_smaller_window_has_its_cap_written_fro
     assert_eq!(host.count(Metric::CountSkipped), 1);
     // Checked after its stream like any skipped request: within the slack, no violation.
     y.on_stream_end(&p, &mut host);
-    let token = y.pending_token().unwrap();
-    let check = token_ids(1030);
-    y.on_reply(&p, &mut host, &reply_of(token, Some(200), check.as_bytes()));
+    checked(&p, &mut host, &mut y, &token_ids(1030));
     assert_eq!(host.count(Metric::BoundViolations), 0);
 }
 

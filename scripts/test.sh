@@ -211,9 +211,10 @@ fi
 if step build bash scripts/build-wasm.sh; then
   WASM="$ROOT/target/wasm32-wasip1/release/incontext.wasm"
   echo "wasm: $WASM ($(stat -c %s "$WASM") bytes)"
-  # The native module, for tests/e2e/test_module.py (which fails when it is missing).
+  # The native module, for tests/e2e/test_module.py and tests/deploy/test_module_layout.py
+  # (which fail when it is missing).
   case " ${PYTEST_PATHS[*]:-} " in
-    *" tests/e2e "*|*" tests/ "*) step build bash scripts/build-module.sh ;;
+    *" tests/e2e "*|*" tests/deploy "*|*" tests/ "*) step build bash scripts/build-module.sh ;;
   esac
   if [ ${#PYTEST_PATHS[@]} -gt 0 ]; then
     PY="$ROOT/.venv/bin/python"

@@ -155,6 +155,10 @@ class Hermes:
         if self.workdir.exists():
             shutil.rmtree(self.workdir)
         self.hermes_home.mkdir(parents=True)
+        # `hermes chat` asks PyPI at start whether it is up to date, unless it did within six
+        # hours (banner.py): an answer of its own, "up to date", keeps it on loopback.
+        (self.hermes_home / ".update_check").write_text(json.dumps(
+            {"ts": time.time(), "behind": 0, "rev": None, "ver": HERMES_VERSION}))
         return self
 
     def write_config(self):

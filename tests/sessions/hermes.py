@@ -3,9 +3,10 @@
 seed plugin in its own process.
 
 Every run has a fresh HOME (Hermes keeps its configuration, sessions and logs in
-$HOME/.hermes) and reaches loopback only: lazy package installs are off
-(`HERMES_DISABLE_LAZY_INSTALLS=1`, `security.allow_lazy_installs: false`) and so is the tirith
-pre-exec scanner, which Hermes would otherwise download.
+$HOME/.hermes) and reaches loopback only (checked with strace while writing this): lazy
+package installs are off (`HERMES_DISABLE_LAZY_INSTALLS=1`, `security.allow_lazy_installs:
+false`), so is the tirith pre-exec scanner, which Hermes would otherwise download, and its
+start-up update check (PyPI) finds a recent answer of its own.
 
 A conversation is `hermes chat -Q -q MESSAGE` for its first turn and the same with `--continue`
 (the latest session of that HOME) for each later one. Hermes answers a reply cut by its cap

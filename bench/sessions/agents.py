@@ -49,7 +49,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import proxies  # noqa: E402
-from run import cpu_s, settle, stats  # noqa: E402
+from run import SseTokens, cpu_s, settle, stats  # noqa: E402
 
 AGENTS = ("claude", "codex", "opencode", "qwen")
 NAMES = {"claude": "Claude Code 2.1.328", "codex": "Codex CLI 0.169.0",
@@ -148,31 +148,13 @@ def stream(port, record, data):
         conn.close()
         raise RuntimeError(f"{record['agent']} #{record['seq']} on {port}: HTTP {resp.status}: "
                            f"{text[:300]!r}")
-    ttft, buf = None, b""
+    ttft, lines = None, SseTokens()
     while True:
         chunk = resp.read1(65536)
         if not chunk:
             break
-        if ttft is not None:
-            continue
-        buf += chunk
-        while b"\n" in buf and ttft is None:
-            line, buf = buf.split(b"\n", 1)
-            if not line.startswith(b"data:"):
-                continue
-            payload = line[5:].strip()
-            if payload == b"[DONE]":
-                break
-            event = json.loads(payload)
-            kind = event.get("type", "")
-            if kind in ("content_block_delta", "response.output_text.delta",
-                        "response.reasoning_text.delta", "response.function_call_arguments.delta"):
-                ttft = time.perf_counter() - t0
-            for choice in event.get("choices") or []:
-                delta = choice.get("delta") or {}
-                if any(delta.get(k) for k in ("content", "reasoning_content", "reasoning",
-                                              "tool_calls")):
-                    ttft = time.perf_counter() - t0
+        if ttft is None and lines.feed(chunk):
+            ttft = time.perf_counter() - t0
     conn.close()
     if ttft is None:
         raise RuntimeError(f"{record['agent']} #{record['seq']} on {port}: no token")

@@ -105,6 +105,38 @@ def expected_cap(p, cap):
     return value if value >= min(R, cap) else None
 
 
+# Stream events that carry the answer's first token: Anthropic, Responses; a chat chunk's delta.
+TOKEN_EVENTS = ("content_block_delta", "response.output_text.delta",
+                "response.reasoning_text.delta", "response.function_call_arguments.delta")
+TOKEN_DELTAS = ("content", "reasoning_content", "reasoning", "tool_calls")
+
+
+class SseTokens:
+    """Reads an SSE stream chunk by chunk until an event carries a token."""
+
+    def __init__(self):
+        self.buf = b""
+
+    def feed(self, chunk) -> bool:
+        """Whether the stream so far holds an event with a token."""
+        self.buf += chunk
+        while b"\n" in self.buf:
+            line, self.buf = self.buf.split(b"\n", 1)
+            if not line.startswith(b"data:"):
+                continue
+            payload = line[5:].strip()
+            if payload == b"[DONE]":
+                return False
+            event = json.loads(payload)
+            if event.get("type", "") in TOKEN_EVENTS:
+                return True
+            for choice in event.get("choices") or []:
+                delta = choice.get("delta") or {}
+                if any(delta.get(k) for k in TOKEN_DELTAS):
+                    return True
+        return False
+
+
 def first_token(port, path, body):
     """(TTFT ms, response headers) of a streamed request; the stream is closed after it."""
     data = json.dumps(body).encode()
@@ -118,28 +150,14 @@ def first_token(port, path, body):
         text = resp.read()
         conn.close()
         raise RuntimeError(f"{path} on {port}: HTTP {resp.status}: {text[:300]!r}")
-    buf = b""
+    lines = SseTokens()
     ttft = None
     while ttft is None:
         chunk = resp.read1(65536)
         if not chunk:
             break
-        buf += chunk
-        while b"\n" in buf and ttft is None:
-            line, buf = buf.split(b"\n", 1)
-            if not line.startswith(b"data:"):
-                continue
-            payload = line[5:].strip()
-            if payload == b"[DONE]":
-                break
-            event = json.loads(payload)
-            if event.get("type") == "content_block_delta":
-                ttft = time.perf_counter() - t0
-            for choice in event.get("choices") or []:
-                delta = choice.get("delta") or {}
-                if any(delta.get(k) for k in ("content", "reasoning_content", "reasoning",
-                                              "tool_calls")):
-                    ttft = time.perf_counter() - t0
+        if lines.feed(chunk):
+            ttft = time.perf_counter() - t0
     conn.close()
     if ttft is None:
         raise RuntimeError(f"{path} on {port}: the stream ended without a token")

@@ -218,7 +218,7 @@ json.dump({
   "wrk": "$(wrk -v 2>&1 | head -1 | cut -d' ' -f1-2)",
   "wasm_size": $wasm_size,
   "wasm_src": "$SRC_WASM",
-  "module_size": $( [ "$MODULE" = 1 ] && stat -c %s "$WORK/module/libincontext_module.so" || echo null),
+  "module_size": $( [ "$MODULE" = 1 ] && stat -c %s "$WORK/module/libincontext_module.so" || echo None),
   "module_src": "$SRC_MODULE", "variants": "$VARIANTS",
   "commit": "$(cd "$ROOT" && git rev-parse --short HEAD 2>/dev/null || echo unknown)",
   "duration": "$DURATION", "rounds": $ROUNDS, "round_s": $ROUND_S, "warmup": "$WARMUP", "connections": $CONNS, "threads": $THREADS,

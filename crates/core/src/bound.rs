@@ -278,6 +278,8 @@ pub fn last(form: Form, body: &[u8], chain: &Chain) -> Option<(u128, Last)> {
     let n = chain.links.len();
     let before = *chain.links.get(n.checked_sub(2)?)?;
     let raw = body.get(chain.items.get(n - 1)?.clone())?;
+    // Blocks are text blocks: a message without one has nothing to leave out.
+    memchr::memmem::find(raw, b"\"text\"")?;
     let texts = crate::dialect::canonical::texts(form.canon(), raw)?;
     let link = *chain.links.get(n - 1)?;
     (2..=MAX_TEXTS)

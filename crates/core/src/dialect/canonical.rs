@@ -3,21 +3,23 @@
 //! share it only where the server renders them to the same tokens, so a conversation whose
 //! client writes an earlier message again in another form still finds its earlier count.
 //!
-//! The form is itself a JSON object that the server renders as it renders the message:
-//! * no white space outside strings, and strings as Python's `json.dumps` writes them
-//!   ([`compact`]): the server parses the message, so neither reaches the template;
+//! The form is the message's own bytes with two edits, each of which leaves a JSON object
+//! that the server renders as it renders the message:
 //! * the members each dialect names as never rendered (Anthropic's and OpenAI's
-//!   `cache_control`) left out, of the message and of its content blocks only (never inside
-//!   a tool call's arguments, which are rendered);
-//! * a `content` array that holds one text block and nothing else written as that block's
+//!   `cache_control`) taken out, with the comma before them, of the message and of its content
+//!   blocks only (never inside a tool call's arguments, which are rendered);
+//! * a `content` array that holds one text block and nothing else replaced by that block's
 //!   text, when it is not empty: the server renders a lone text block as the string it holds.
 //!
-//! Everything else stays as it came, member order included: two forms that differ there have
-//! two canonical forms and are told apart (a count more, never a wrong bound). Which forms are
-//! equal is shown against the real server by tests/vllm/test_vllm_forms.py.
+//! Everything else stays as it came, white space and member order included: two forms that
+//! differ there have two canonical forms and are told apart (a count more, never a wrong
+//! bound). Clients write each message the same way every turn but for those two edits
+//! (bench/sessions/recorded). Which forms are equal is shown against the real server by
+//! tests/vllm/test_vllm_forms.py.
 
 use crate::json::compact::{compact, write_string};
 use crate::json::scan::{array_items, scan, Member};
+use std::ops::Range;
 
 /// What a dialect's messages may carry that the server renders alike.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,15 +37,106 @@ impl Canon {
 }
 
 /// Appends the canonical form of `raw` (one valid JSON value, a message or input item) to
-/// `out`; `None` when it is not an object.
+/// `out`; `None` when it is not an object. A message that holds neither an ignored member's
+/// name nor a `"text"` key is its own canonical form, found by two substring searches;
+/// any other is read member by member and written with the edits above, and as it came
+/// where an edit cannot be made cleanly (duplicate members, an ignored member first among
+/// several): at worst a prefix not found, never two renderings under one form.
 pub fn write(canon: &Canon, raw: &[u8], out: &mut Vec<u8>) -> Option<()> {
-    object(canon, raw, out, |canon, key, value, out| {
-        if key == "content" {
-            content(canon, value, out)
-        } else {
-            compact(std::str::from_utf8(value).ok()?, out)
+    if !raw.starts_with(b"{") {
+        return None;
+    }
+    let edits = if may_edit(canon, raw) {
+        edits(canon, raw).unwrap_or_default()
+    } else {
+        Vec::new()
+    };
+    let mut at = 0;
+    for (range, with) in &edits {
+        out.extend_from_slice(raw.get(at..range.start)?);
+        out.extend_from_slice(with);
+        at = range.end;
+    }
+    out.extend_from_slice(raw.get(at..)?);
+    Some(())
+}
+
+/// Whether `raw` may hold anything to edit: an ignored member's name, or a text block.
+fn may_edit(canon: &Canon, raw: &[u8]) -> bool {
+    let finds = |needle: &[u8]| memchr::memmem::find(raw, needle).is_some();
+    canon.ignored.iter().any(|k| finds(k.as_bytes()))
+        || (canon.text_block.is_some() && finds(b"\"text\""))
+}
+
+/// A range of the message and what replaces it.
+type Edit<'a> = (Range<usize>, &'a [u8]);
+
+/// The edits of the message `raw`, in order and apart; `None` where they cannot be made
+/// cleanly.
+fn edits<'a>(canon: &Canon, raw: &'a [u8]) -> Option<Vec<Edit<'a>>> {
+    let members = members(raw)?;
+    if members.iter().filter(|m| m.key == "content").count() > 1 {
+        return None;
+    }
+    let mut edits = Vec::new();
+    for (i, m) in members.iter().enumerate() {
+        if canon.ignores(&m.key) {
+            edits.push(removal(&members, i, 0)?);
+        } else if m.key == "content" {
+            content_edits(canon, raw, m.value.clone(), &mut edits)?;
         }
-    })
+    }
+    let apart = edits.windows(2).all(|w| match w {
+        [a, b] => a.0.end <= b.0.start,
+        _ => true,
+    });
+    apart.then_some(edits)
+}
+
+/// The edits of a `content` value at `value` in the message: a lone text block as its text,
+/// else the ignored members of its blocks taken out.
+fn content_edits<'a>(
+    canon: &Canon,
+    raw: &'a [u8],
+    value: Range<usize>,
+    edits: &mut Vec<Edit<'a>>,
+) -> Option<()> {
+    let content = raw.get(value.clone())?;
+    if !content.starts_with(b"[") {
+        return Some(());
+    }
+    let items = array_items(content)?;
+    if let [only] = items.as_slice() {
+        if let Some(text) = lone_text(canon, content.get(only.clone())?) {
+            edits.push((value, text));
+            return Some(());
+        }
+    }
+    for item in items {
+        let block = content.get(item.clone())?;
+        if block.starts_with(b"{") {
+            let block_members = members(block)?;
+            for (i, m) in block_members.iter().enumerate() {
+                if canon.ignores(&m.key) {
+                    edits.push(removal(&block_members, i, value.start + item.start)?);
+                }
+            }
+        }
+    }
+    Some(())
+}
+
+/// The removal of member `i` of an object whose members are `members` (at `at` in the
+/// message), with the comma before it; `None` when it is the first of several (no comma
+/// before it to take).
+fn removal(members: &[Member], i: usize, at: usize) -> Option<Edit<'static>> {
+    let m = members.get(i)?;
+    let range = match i.checked_sub(1).and_then(|p| members.get(p)) {
+        Some(before) => before.value.end..m.value.end,
+        None if members.len() == 1 => m.key_start..m.value.end,
+        None => return None,
+    };
+    Some((at + range.start..at + range.end, &[]))
 }
 
 /// Writes the object `raw` without the ignored members, each member's value by `value`.
@@ -85,37 +178,6 @@ fn key(raw: &[u8], at: usize, out: &mut Vec<u8>) -> Option<()> {
     }
     write_string(std::str::from_utf8(raw.get(at..=i)?).ok()?, out)?;
     out.push(b':');
-    Some(())
-}
-
-/// A message's `content`: a lone text block as its text, the blocks of an array without their
-/// ignored members, anything else compacted.
-fn content(canon: &Canon, raw: &[u8], out: &mut Vec<u8>) -> Option<()> {
-    let text = std::str::from_utf8(raw).ok()?;
-    if !text.starts_with('[') {
-        return compact(text, out);
-    }
-    let items = array_items(raw)?;
-    if let [only] = items.as_slice() {
-        if let Some(text) = lone_text(canon, raw.get(only.clone())?) {
-            return compact(std::str::from_utf8(text).ok()?, out);
-        }
-    }
-    out.push(b'[');
-    for (i, item) in items.iter().enumerate() {
-        if i > 0 {
-            out.push(b',');
-        }
-        let item = raw.get(item.clone())?;
-        if item.starts_with(b"{") {
-            object(canon, item, out, |_, _, value, out| {
-                compact(std::str::from_utf8(value).ok()?, out)
-            })?;
-        } else {
-            compact(std::str::from_utf8(item).ok()?, out)?;
-        }
-    }
-    out.push(b']');
     Some(())
 }
 
@@ -237,10 +299,8 @@ mod tests {
             r#"{"role":"user","content":[{"type":"text","text":"hi\nthere"}]}"#,
             r#"{"role":"user","content":[{"text":"hi\nthere","type":"text"}]}"#,
             r#"{"role":"user","content":[{"type":"text","text":"hi\nthere","cache_control":{"type":"ephemeral"}}]}"#,
-            r#"{ "role" : "user", "content" : [ { "cache_control" : {"type":"ephemeral","ttl":"1h"}, "type" : "text", "text" : "hi\nthere" } ] }"#,
-            r#"{"role":"user","cache_control":{"type":"ephemeral"},"content":"hi\nthere"}"#,
-            r#"{"role":"user","content":"hi\u000athere"}"#,
-            r#"{"role":"u\u0073er","content":"hi\nthere"}"#,
+            r#"{"role":"user","content":[{"type":"text","cache_control":{"type":"ephemeral","ttl":"1h"},"text":"hi\nthere"}]}"#,
+            r#"{"role":"user","content":"hi\nthere","cache_control":{"type":"ephemeral"}}"#,
         ] {
             assert_eq!(canonical(&CHAT, form), string, "{form}");
         }
@@ -262,6 +322,10 @@ mod tests {
             r#"{"content":"ab","role":"user"}"#,
             r#"{"role":"user","content":"ab","name":"x"}"#,
             r#"{"role":"assistant","content":"ab"}"#,
+            // Written otherwise: white space, escapes, or cache_control first among several.
+            r#"{ "role":"user","content":"ab"}"#,
+            r#"{"role":"user","content":"\u0061b"}"#,
+            r#"{"cache_control":{},"role":"user","content":"ab"}"#,
         ] {
             assert_ne!(canonical(&CHAT, other), string, "{other}");
         }

@@ -4,8 +4,8 @@
 //! k (the rest of the byte, modulo the messages + 2); bytes 1–8 the prefix's count (u64,
 //! little endian); bytes 9–12 the tokens a tail must prove (u32) and 13–16 the window (u32);
 //! the rest is the request body, and also, alone, one message. Properties checked:
-//! * nothing panics (chain, bounds, tail_array, message_bound, reserialized_growth, encode,
-//!   decode, slot_key, Tail::may_prove);
+//! * nothing panics (chain, bounds, tail_array, message_bound, reserialized_growth,
+//!   Tail::may_prove);
 //! * `reserialized_growth` of JSON text lies between its separators (one byte each, outside
 //!   strings) and those plus FLOAT per number, and equals the separators without numbers;
 //! * a message's bound, when there is one, is at least its bytes + MESSAGE + BLOCK per content
@@ -15,14 +15,13 @@
 //!   message has no bound or a sum overflows; the tail is the new messages (none: no tail; an
 //!   assistant one with reasoning: no tail) with their raw bytes, base = count + SEAM +
 //!   RESTYLE·k_r, and its array is the messages as they stand in the body;
-//! * a stored entry decodes for its own link only.
 #![no_main]
 
 mod common;
 
 use common::{show, MemberList};
 use incontext_core::bound::{
-    bounds, chain, decode, encode, message_bound, reserialized_growth, slot_key, Entry, BLOCK,
+    bounds, chain, message_bound, reserialized_growth, BLOCK,
     FLOAT, MESSAGE, RESTYLE, SEAM, TAIL,
 };
 use incontext_core::config::Config;
@@ -266,26 +265,11 @@ fn check_request(data: &[u8], body: &[u8]) {
     }
 }
 
-fn check_table(data: &[u8]) {
-    let link = u128::from_le_bytes(data[1..17].try_into().expect("16 bytes"));
-    let e = Entry {
-        tokens: u64::from_le_bytes(data[1..9].try_into().expect("8 bytes")),
-        exact: data[0] & 2 == 0,
-    };
-    let stored = encode(link, e);
-    assert_eq!(decode(link, &stored), Some(e));
-    assert_eq!(decode(link ^ 1, &stored), None);
-    assert_eq!(decode(link, &stored[..24]), None);
-    let _ = decode(link, &data[17..]);
-    let _ = slot_key(link, u32::from(data[0]));
-}
-
 fn check(data: &[u8]) {
     if data.len() < 17 {
         return;
     }
     let body = &data[17..];
-    check_table(data);
     check_growth(body);
     check_message(Form::Chat, body);
     check_message(Form::Messages, body);

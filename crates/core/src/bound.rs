@@ -57,7 +57,6 @@
 //! than vLLM. The bound is checked, not trusted: the flow counts every skipped request after it
 //! went upstream and turns skipping off for the route on any count above its bound.
 
-use crate::dialect::canonical::Texts;
 use crate::dialect::Form;
 use crate::digest::update_framed;
 use crate::json::find::Needle;
@@ -82,23 +81,12 @@ pub const FLOAT: u64 = 24;
 pub const RESTYLE: u64 = 8;
 /// What the full conversation may render at the seam beyond its prefix's and its tail's counts.
 pub const SEAM: u64 = 16;
-/// What a message sent again with some of its text blocks left out may render beyond the
-/// tokens it rendered to before: the tokens at the seam where a block was, which the
-/// tokenizer may split otherwise (docs/spec.md §15b).
-pub const RESHAPE: u64 = 8;
-/// A message is told block by block up to this many blocks.
-pub const MAX_TEXTS: usize = 16;
 /// Bytes per token guessed for a tail before counting it: a tail is counted alone only when
 /// this guess leaves room for the cap (a guess, never a bound: it only decides which count
 /// to ask for).
 pub const GUESS_BYTES_PER_TOKEN: u64 = 4;
 /// How many prefix lengths are probed, newest first.
 pub const MAX_PROBES: usize = 16;
-
-const PREFIX: &str = "incontext.v1.prefix.";
-const OFF: &str = "incontext.v1.skip_off.";
-const TAIL_OFF: &str = "incontext.v1.tail_off.";
-const LAST: &str = "incontext.v1.last.";
 
 /// The members that never change the prompt: the caps and the streaming switches, and those
 /// the dialect names as never rendered.
@@ -200,121 +188,6 @@ pub struct Entry {
     /// Prompt tokens of the request that ended with this prefix: exact, or an upper bound.
     pub tokens: u64,
     pub exact: bool,
-}
-
-/// The shared-data key of the slot for `link`.
-pub fn slot_key(link: u128, entries: u32) -> String {
-    format!("{PREFIX}{}", crate::cache::slot(link, entries))
-}
-
-pub fn encode(link: u128, e: Entry) -> [u8; 25] {
-    let mut out = [0u8; 25];
-    out[..16].copy_from_slice(&link.to_le_bytes());
-    out[16..24].copy_from_slice(&e.tokens.to_le_bytes());
-    out[24] = u8::from(e.exact);
-    out
-}
-
-/// The stored entry, if the slot holds this very link.
-pub fn decode(link: u128, value: &[u8]) -> Option<Entry> {
-    let bytes: &[u8; 25] = value.try_into().ok()?;
-    if u128::from_le_bytes(bytes[..16].try_into().ok()?) != link {
-        return None;
-    }
-    Some(Entry {
-        tokens: u64::from_le_bytes(bytes[16..24].try_into().ok()?),
-        exact: bytes[24] == 1,
-    })
-}
-
-/// What a conversation's last message was, kept under the link of the messages before it: the
-/// link of the whole conversation (whose anchor counts it) and the message's texts. A later
-/// turn that sends that message again with blocks left out finds its count through it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Last {
-    pub link: u128,
-    pub texts: Texts,
-}
-
-/// The shared-data key of the slot for the conversation before `link`'s last message.
-pub fn last_key(before: u128, entries: u32) -> String {
-    format!("{LAST}{}", crate::cache::slot(before, entries))
-}
-
-pub fn encode_last(before: u128, last: &Last) -> Vec<u8> {
-    let mut out = Vec::with_capacity(40 + 8 * last.texts.texts.len());
-    out.extend_from_slice(&before.to_le_bytes());
-    out.extend_from_slice(&last.link.to_le_bytes());
-    out.extend_from_slice(&last.texts.shape.to_le_bytes());
-    for t in &last.texts.texts {
-        out.extend_from_slice(&t.to_le_bytes());
-    }
-    out
-}
-
-/// The stored last message, if the slot holds this very link.
-pub fn decode_last(before: u128, value: &[u8]) -> Option<Last> {
-    let (head, texts) = value.split_at_checked(40)?;
-    if u128::from_le_bytes(head.get(..16)?.try_into().ok()?) != before
-        || texts.len() % 8 != 0
-        || texts.len() > 8 * MAX_TEXTS
-    {
-        return None;
-    }
-    let u64_at = |b: &[u8]| b.try_into().ok().map(u64::from_le_bytes);
-    Some(Last {
-        link: u128::from_le_bytes(head.get(16..32)?.try_into().ok()?),
-        texts: Texts {
-            shape: u64_at(head.get(32..40)?)?,
-            texts: texts.chunks(8).map(u64_at).collect::<Option<_>>()?,
-        },
-    })
-}
-
-/// The last message of a conversation of at least two messages, to keep (see [`Last`]):
-/// the link before it, and what to keep; `None` where it is not told block by block or has
-/// fewer than two blocks (none could be left out and leave a message).
-pub fn last(form: Form, body: &[u8], chain: &Chain) -> Option<(u128, Last)> {
-    let n = chain.links.len();
-    let before = *chain.links.get(n.checked_sub(2)?)?;
-    let raw = body.get(chain.items.get(n - 1)?.clone())?;
-    // Blocks are text blocks: a message without one has nothing to leave out.
-    memchr::memmem::find(raw, b"\"text\"")?;
-    let texts = crate::dialect::canonical::texts(form.canon(), raw)?;
-    let link = *chain.links.get(n - 1)?;
-    (2..=MAX_TEXTS)
-        .contains(&texts.texts.len())
-        .then_some((before, Last { link, texts }))
-}
-
-/// Whether message `k − 1` of this conversation is the last message kept as `last` with some
-/// of its blocks left out.
-pub fn leaves_out(form: Form, body: &[u8], chain: &Chain, k: usize, last: &Last) -> bool {
-    let raw = k
-        .checked_sub(1)
-        .and_then(|i| chain.items.get(i))
-        .and_then(|r| body.get(r.clone()));
-    raw.and_then(|raw| crate::dialect::canonical::texts(form.canon(), raw))
-        .is_some_and(|t| t.leaves_out(&last.texts))
-}
-
-fn scoped_key(prefix: &str, scope: &str, model: &str) -> String {
-    let mut h = Xxh3::new();
-    h.update(&(scope.len() as u64).to_le_bytes());
-    h.update(scope.as_bytes());
-    h.update(model.as_bytes());
-    format!("{prefix}{:032x}", h.digest128())
-}
-
-/// The shared-data key that turns skipping off for a route and model.
-pub fn off_key(scope: &str, model: &str) -> String {
-    scoped_key(OFF, scope, model)
-}
-
-/// The shared-data key that turns counting a tail alone off for a route and model (the
-/// server refused such a count: its template wants a whole conversation).
-pub fn tail_off_key(scope: &str, model: &str) -> String {
-    scoped_key(TAIL_OFF, scope, model)
 }
 
 #[derive(Deserialize)]
@@ -655,29 +528,6 @@ mod tests {
                 std::str::from_utf8(text)
             );
         }
-    }
-
-    #[test]
-    fn entries_round_trip_and_slots_are_bounded() {
-        let e = Entry {
-            tokens: 1234,
-            exact: true,
-        };
-        assert_eq!(decode(7, &encode(7, e)), Some(e));
-        assert_eq!(
-            decode(8, &encode(7, e)),
-            None,
-            "a collision reads as a miss"
-        );
-        assert_eq!(decode(7, &encode(7, e)[..24]), None);
-        let mut keys: Vec<String> = (0u128..100_000)
-            .map(|h| slot_key(h.wrapping_mul(0x9E37_79B9_7F4A_7C15_F39D), 64))
-            .collect();
-        keys.sort();
-        keys.dedup();
-        assert_eq!(keys.len(), 64);
-        assert_ne!(off_key("r", "a"), off_key("r", "b"));
-        assert_ne!(off_key("ab", "c"), off_key("a", "bc"));
     }
 
     #[test]

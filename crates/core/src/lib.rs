@@ -30,6 +30,7 @@ pub mod plan;
 pub mod reason;
 pub mod report;
 pub mod request;
+pub mod reshape;
 #[allow(clippy::indexing_slicing, clippy::unreachable)]
 pub mod response;
 pub mod rewrite;

@@ -145,17 +145,21 @@ fn prefix(
     }
     let before = *chain.links.get(k.checked_sub(2)?)?;
     let last = ctx.last(before)?;
-    if !bound::leaves_out(pending.req.form, &pending.body, chain, k, &last) {
+    if !crate::reshape::leaves_out(pending.req.form, &pending.body, chain, k, &last) {
         return None;
     }
     let anchor = ctx.anchor(last.link)?;
-    Some((anchor, anchor.tokens.checked_add(bound::RESHAPE)?, true))
+    Some((
+        anchor,
+        anchor.tokens.checked_add(crate::reshape::RESHAPE)?,
+        true,
+    ))
 }
 
 /// Keeps the request's last message under the link before it, for a later turn that sends
 /// it again with text blocks left out (see [`prefix`]).
 pub fn remember_last(ctx: &mut Ctx, pending: &Pending, chain: &bound::Chain) {
-    if let Some((before, last)) = bound::last(pending.req.form, &pending.body, chain) {
+    if let Some((before, last)) = crate::reshape::last(pending.req.form, &pending.body, chain) {
         ctx.put_last(before, &last);
     }
 }

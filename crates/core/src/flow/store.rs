@@ -185,16 +185,16 @@ impl Ctx<'_> {
         }
     }
 
-    /// The last message of the conversation before `before` (see [`bound::Last`]).
-    pub fn last(&mut self, before: u128) -> Option<bound::Last> {
-        let slot = bound::last_key(before, self.config().cache_entries);
-        bound::decode_last(before, &self.host.get_shared(&slot)?)
+    /// The last message of the conversation before `before` (see [`crate::reshape::Last`]).
+    pub fn last(&mut self, before: u128) -> Option<crate::reshape::Last> {
+        let slot = crate::reshape::key(before, self.config().cache_entries);
+        crate::reshape::decode(before, &self.host.get_shared(&slot)?)
     }
 
-    pub fn put_last(&mut self, before: u128, last: &bound::Last) {
-        let slot = bound::last_key(before, self.config().cache_entries);
+    pub fn put_last(&mut self, before: u128, last: &crate::reshape::Last) {
+        let slot = crate::reshape::key(before, self.config().cache_entries);
         self.host
-            .set_shared(&slot, &bound::encode_last(before, last));
+            .set_shared(&slot, &crate::reshape::encode(before, last));
     }
 
     pub fn put_anchor(&mut self, link: u128, anchor: bound::Entry) {

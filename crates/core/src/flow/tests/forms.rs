@@ -246,7 +246,7 @@ fn a_message_sent_again_without_its_date_block_keeps_the_count_it_was_in() {
     assert_eq!(host.calls.len(), 1, "no count on the path");
     assert_eq!(action(&y, &p), "unchanged:fits");
     let p_hi: u64 = header(&y, &p, HEADER_PROMPT).unwrap().parse().unwrap();
-    assert!(p_hi > 900 + bound::RESHAPE + bound::TAIL, "{p_hi}");
+    assert!(p_hi > 900 + crate::reshape::RESHAPE + bound::TAIL, "{p_hi}");
     // Its check anchors it; the turn after leaves that turn's date out in turn.
     y.on_stream_end(&p, &mut host);
     answer_check(&p, &mut host, &mut y, 960);

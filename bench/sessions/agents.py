@@ -33,7 +33,6 @@ is asked once before the run; the incontext outcome must be the one it leads to.
 """
 
 import argparse
-import gzip
 import http.client
 import json
 import os
@@ -49,6 +48,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import proxies  # noqa: E402
+import record  # noqa: E402
 from run import SseTokens, cpu_s, settle, stats  # noqa: E402
 
 AGENTS = ("claude", "codex", "opencode", "qwen")
@@ -63,9 +63,7 @@ R = 4096        # envoy/envoy.yaml's min_output_tokens
 
 
 def load(agent):
-    with gzip.open(os.path.join(HERE, "recorded", f"{agent}.jsonl.gz"), "rt",
-                   encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+    return record.load(os.path.join(HERE, "recorded", f"{agent}.jsonl.gz"))
 
 
 def route(path):

@@ -8,6 +8,7 @@
 use crate::bound::Chain;
 use crate::dialect::canonical::Texts;
 use crate::dialect::Form;
+use std::ops::Range;
 
 /// What a message sent again with some of its text blocks left out may render beyond the
 /// tokens it rendered to before: the tokens at the seam where a block was, which the
@@ -77,15 +78,47 @@ pub fn last(form: Form, body: &[u8], chain: &Chain) -> Option<(u128, Last)> {
         .then_some((before, Last { link, texts }))
 }
 
-/// Whether message `k − 1` of this conversation is the last message kept as `last` with some
-/// of its blocks left out.
-pub fn leaves_out(form: Form, body: &[u8], chain: &Chain, k: usize, last: &Last) -> bool {
-    let raw = k
-        .checked_sub(1)
-        .and_then(|i| chain.items.get(i))
-        .and_then(|r| body.get(r.clone()));
-    raw.and_then(|raw| crate::dialect::canonical::texts(form.canon(), raw))
-        .is_some_and(|t| t.leaves_out(&last.texts))
+/// The texts message `k − 1` of this conversation leaves out, where it is the last message
+/// kept as `last` with some of its blocks left out; `None` where it is not.
+pub fn left_out(form: Form, body: &[u8], chain: &Chain, k: usize, last: &Last) -> Option<Vec<u64>> {
+    let raw = body.get(chain.items.get(k.checked_sub(1)?)?.clone())?;
+    let texts = crate::dialect::canonical::texts(form.canon(), raw)?;
+    texts
+        .leaves_out(&last.texts)
+        .then(|| texts.left_out(&last.texts))
+}
+
+/// The tail `items` as a JSON array with the blocks `left` (left out of an earlier message)
+/// left out of the newest tail message that carries them all as blocks of its own: Qwen Code
+/// moves its date reminder from the message before to the newest one. The earlier message's
+/// count still holds those blocks, so the tail's count without them keeps the bound tight: a
+/// cap may be written from it (docs/spec.md §15b). `None` where no tail message carries them.
+pub fn moved_tail(
+    form: Form,
+    body: &[u8],
+    items: &[Range<usize>],
+    left: &[u64],
+) -> Option<Vec<u8>> {
+    if left.is_empty() {
+        return None;
+    }
+    let (at, moved) = items.iter().enumerate().rev().find_map(|(i, r)| {
+        let raw = body.get(r.clone())?;
+        crate::dialect::canonical::without(form.canon(), raw, left).map(|m| (i, m))
+    })?;
+    let mut out = Vec::with_capacity(items.iter().map(|r| r.len() + 1).sum::<usize>() + 2);
+    out.push(b'[');
+    for (i, r) in items.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        match i == at {
+            true => out.extend_from_slice(&moved),
+            false => out.extend_from_slice(body.get(r.clone())?),
+        }
+    }
+    out.push(b']');
+    Some(out)
 }
 
 #[cfg(test)]

@@ -226,11 +226,7 @@ pub struct Texts {
 
 /// See [`Texts`]; `None` for a message whose content is anything but text, or empty.
 pub fn texts(canon: &Canon, raw: &[u8]) -> Option<Texts> {
-    let digest = |text: &[u8]| -> Option<u64> {
-        let mut out = Vec::with_capacity(text.len());
-        compact(std::str::from_utf8(text).ok()?, &mut out)?;
-        Some(crate::digest::digest(&out) as u64)
-    };
+    let digest = text_digest;
     let mut content = None;
     let mut rest = Vec::new();
     object(canon, raw, &mut rest, |_, key, value, out| {
@@ -260,7 +256,75 @@ pub fn texts(canon: &Canon, raw: &[u8]) -> Option<Texts> {
     })
 }
 
+/// The digest [`Texts`] keeps of a text: its JSON string as the server parses it.
+fn text_digest(text: &[u8]) -> Option<u64> {
+    let mut out = Vec::with_capacity(text.len());
+    compact(std::str::from_utf8(text).ok()?, &mut out)?;
+    Some(crate::digest::digest(&out) as u64)
+}
+
+/// The message `raw`, whose content is an array of text blocks, written with a block left out
+/// for each digest in `drop` (texts as [`Texts`] digests them), everything else as it came;
+/// `None` unless each digest finds a block of its own and a block remains.
+pub fn without(canon: &Canon, raw: &[u8], drop: &[u64]) -> Option<Vec<u8>> {
+    let members = members(raw)?;
+    let mut contents = members.iter().filter(|m| m.key == "content");
+    let value = contents.next()?.value.clone();
+    if contents.next().is_some() {
+        return None;
+    }
+    let content = raw.get(value.clone())?;
+    if !content.starts_with(b"[") {
+        return None;
+    }
+    let mut left = drop.to_vec();
+    let mut kept = Vec::new();
+    for item in array_items(content)? {
+        let block = content.get(item)?;
+        let digest = text_digest(lone_text(canon, block)?)?;
+        match left.iter().position(|d| *d == digest) {
+            Some(i) => {
+                left.swap_remove(i);
+            }
+            None => kept.push(block),
+        }
+    }
+    if !left.is_empty() || kept.is_empty() {
+        return None;
+    }
+    let mut out = Vec::with_capacity(raw.len());
+    out.extend_from_slice(raw.get(..value.start)?);
+    out.push(b'[');
+    for (i, block) in kept.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(block);
+    }
+    out.push(b']');
+    out.extend_from_slice(raw.get(value.end..)?);
+    Some(out)
+}
+
 impl Texts {
+    /// The texts of `earlier` that `self`, a shorter subsequence of them, leaves out (see
+    /// [`Texts::leaves_out`]), in order.
+    pub fn left_out(&self, earlier: &Texts) -> Vec<u64> {
+        let mut now = self.texts.iter().peekable();
+        earlier
+            .texts
+            .iter()
+            .filter(|e| {
+                let kept = now.peek() == Some(e);
+                if kept {
+                    now.next();
+                }
+                !kept
+            })
+            .copied()
+            .collect()
+    }
+
     /// Whether `self` is `earlier` with one or more of its blocks left out: the same shape,
     /// and its texts a shorter subsequence of `earlier`'s.
     pub fn leaves_out(&self, earlier: &Texts) -> bool {
@@ -359,6 +423,49 @@ mod tests {
         assert_eq!(canonical(&CHAT, tool_use), tool_use);
         let args = r#"{"role":"assistant","tool_calls":[{"function":{"name":"f","arguments":"{\"cache_control\":1}"},"cache_control":{}}]}"#;
         assert_eq!(canonical(&CHAT, args), args);
+    }
+
+    #[test]
+    fn the_blocks_left_out_are_named_and_can_be_left_out_of_another_message() {
+        let texts = |raw: &str| texts(&CHAT, raw.as_bytes()).unwrap();
+        let digest = |t: &str| text_digest(format!("{t:?}").as_bytes()).unwrap();
+        let earlier = texts(
+            r#"{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"<date>"},{"type":"text","text":"b"}]}"#,
+        );
+        let now = texts(
+            r#"{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]}"#,
+        );
+        assert_eq!(now.left_out(&earlier), vec![digest("<date>")]);
+        assert_eq!(
+            texts(r#"{"role":"user","content":"b"}"#).left_out(&earlier),
+            vec![digest("a"), digest("<date>")]
+        );
+        // The newest message carries the block again: written without it, as it came else.
+        let newest = r#"{"role":"user", "content":[{"type":"text","text":"<date>","cache_control":{}},{"text":"c","type":"text"}],"x":1}"#;
+        let out = without(&CHAT, newest.as_bytes(), &[digest("<date>")]).unwrap();
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            r#"{"role":"user", "content":[{"text":"c","type":"text"}],"x":1}"#
+        );
+        for (raw, drop) in [
+            // A block not there, a block asked for twice, nothing left, not text only.
+            (newest, vec![digest("d")]),
+            (newest, vec![digest("<date>"), digest("<date>")]),
+            (
+                r#"{"role":"user","content":[{"type":"text","text":"<date>"}]}"#,
+                vec![digest("<date>")],
+            ),
+            (
+                r#"{"role":"user","content":"<date>"}"#,
+                vec![digest("<date>")],
+            ),
+            (
+                r#"{"role":"user","content":[{"type":"text","text":"<date>"},{"type":"image_url","image_url":{}}]}"#,
+                vec![digest("<date>")],
+            ),
+        ] {
+            assert_eq!(without(&CHAT, raw.as_bytes(), &drop), None, "{raw}");
+        }
     }
 
     #[test]

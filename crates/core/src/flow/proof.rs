@@ -88,7 +88,7 @@ pub fn prove(ctx: &mut Ctx, pending: &Pending, chain: &bound::Chain) -> Option<P
     }
     let n = chain.links.len();
     for k in (n.saturating_sub(bound::MAX_PROBES).max(1)..=n).rev() {
-        let Some((anchor, prefix_tokens, reshaped)) = prefix(ctx, pending, chain, k) else {
+        let Some((anchor, prefix_tokens, left_out)) = prefix(ctx, pending, chain, k) else {
             continue;
         };
         let body = &pending.body;
@@ -101,21 +101,34 @@ pub fn prove(ctx: &mut Ctx, pending: &Pending, chain: &bound::Chain) -> Option<P
             return Some(Proof::Fits(p_hi));
         }
         let tail = bounds.tail?;
-        let seam = tail.base.saturating_sub(anchor.tokens);
         // A message sent again with blocks left out renders to fewer tokens than the anchor
-        // holds, by as many as those blocks had: no cap is written from such a bound.
-        let band = needs
-            .band
-            .filter(|_| anchor.exact && !reshaped && seam.saturating_add(SEAM_BELOW) <= BAND_SLACK);
+        // holds, by as many as those blocks had: no cap is written from such a bound, unless
+        // the newest messages carry those very blocks, counted without them (one seam more).
+        let moved = left_out
+            .as_deref()
+            .map(|left| crate::reshape::moved_tail(req.form, body, tail.items, left));
+        let base = match moved {
+            Some(Some(_)) => tail.base.checked_add(crate::reshape::RESHAPE)?,
+            _ => tail.base,
+        };
+        let seam = base.saturating_sub(anchor.tokens);
+        let band = needs.band.filter(|_| {
+            anchor.exact
+                && !matches!(moved, Some(None))
+                && seam.saturating_add(SEAM_BELOW) <= BAND_SLACK
+        });
         let fits = needs.fits;
         let worth = |need: Option<u64>| need.is_some_and(|need| tail.may_prove(need, w));
         if !(worth(fits) || worth(band)) || ctx.flagged(Flag::TailOff, &pending.model) {
             return None;
         }
-        let messages = bound::tail_array(body, tail.items)?;
+        let messages = match moved {
+            Some(Some(messages)) => messages,
+            _ => bound::tail_array(body, tail.items)?,
+        };
         let call = backend::tail_call(ctx.config(), req, body, &messages)?;
         let awaited = Awaited::Tail(TailNeeds {
-            base: tail.base,
+            base,
             fits,
             band,
             w,
@@ -129,30 +142,28 @@ pub fn prove(ctx: &mut Ctx, pending: &Pending, chain: &bound::Chain) -> Option<P
 /// The anchor that bounds the first `k` messages of the conversation, and the tokens they
 /// are bounded by: the anchor of those very messages; else, where message `k − 1` is the
 /// last message of an earlier conversation sent again with text blocks left out, that
-/// conversation's anchor and RESHAPE more (docs/spec.md §15b); and whether it was that.
+/// conversation's anchor and RESHAPE more (docs/spec.md §15b), with the texts left out.
 fn prefix(
     ctx: &mut Ctx,
     pending: &Pending,
     chain: &bound::Chain,
     k: usize,
-) -> Option<(bound::Entry, u64, bool)> {
+) -> Option<(bound::Entry, u64, Option<Vec<u64>>)> {
     if let Some(anchor) = chain
         .links
         .get(k.checked_sub(1)?)
         .and_then(|l| ctx.anchor(*l))
     {
-        return Some((anchor, anchor.tokens, false));
+        return Some((anchor, anchor.tokens, None));
     }
     let before = *chain.links.get(k.checked_sub(2)?)?;
     let last = ctx.last(before)?;
-    if !crate::reshape::leaves_out(pending.req.form, &pending.body, chain, k, &last) {
-        return None;
-    }
+    let left = crate::reshape::left_out(pending.req.form, &pending.body, chain, k, &last)?;
     let anchor = ctx.anchor(last.link)?;
     Some((
         anchor,
         anchor.tokens.checked_add(crate::reshape::RESHAPE)?,
-        true,
+        Some(left),
     ))
 }
 

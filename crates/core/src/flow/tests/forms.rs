@@ -257,6 +257,57 @@ fn a_message_sent_again_without_its_date_block_keeps_the_count_it_was_in() {
 }
 
 #[test]
+fn a_date_block_moved_to_the_newest_message_lets_a_cap_be_written_from_a_bound() {
+    let (p, mut host) = setup(SKIP);
+    // 20000 + 32768 > 40960: every turn's cap must be written.
+    let chat = qwen_first(&p, &mut host, 20000);
+    let (mut y, step) = send(&p, &mut host, chat, qwen_turn(&["list", "read"]));
+    assert!(matches!(step, Step::Wait));
+    assert_eq!(host.count(Metric::TailCounts), 1);
+    // The new messages are counted without the date block the earlier one left out: its
+    // tokens are in the anchor already.
+    let call = &host.calls[1].2;
+    let tail: serde_json::Value = serde_json::from_slice(call.body.as_deref().unwrap()).unwrap();
+    assert_eq!(
+        tail["messages"],
+        serde_json::json!([
+            {"role": "assistant", "content": "Done with list."},
+            {"role": "user", "content": [{"type": "text", "text": "read"}]}
+        ])
+    );
+    let step = reply(&p, &mut host, &mut y, 200, &tokenized(40, 40960));
+    let p_hi = 20000 + 2 * crate::reshape::RESHAPE + bound::SEAM + 40;
+    assert_eq!(rewritten(step)["max_tokens"], 40960 - p_hi);
+    assert_eq!(header(&y, &p, HEADER_SOURCE).as_deref(), Some("bound"));
+    assert_eq!(host.count(Metric::CountSkipped), 1);
+    // Its usage checks it and anchors the next turn, which moves that turn's date in turn.
+    y.on_stream_end(&p, &mut host);
+    answer_check(&p, &mut host, &mut y, 20030);
+    assert_eq!(host.count(Metric::BoundViolations), 0);
+    let (mut y, step) = send(&p, &mut host, chat, qwen_turn(&["list", "read", "add"]));
+    assert!(matches!(step, Step::Wait));
+    assert_eq!(host.count(Metric::TailCounts), 2);
+    let step = reply(&p, &mut host, &mut y, 200, &tokenized(30, 40960));
+    let p_hi = 20030 + 2 * crate::reshape::RESHAPE + bound::SEAM + 30;
+    assert_eq!(rewritten(step)["max_tokens"], 40960 - p_hi);
+    assert_eq!(host.count(Metric::CountSkipped), 2);
+}
+
+#[test]
+fn a_left_out_block_the_newest_message_does_not_carry_is_counted_whole_near_the_edge() {
+    let (p, mut host) = setup(SKIP);
+    let chat = qwen_first(&p, &mut host, 20000);
+    let other_day =
+        qwen_turn(&["list", "read"]).replacen("The date is today.", "The date is tomorrow.", 1);
+    let (_, step) = send(&p, &mut host, chat, leak(other_day));
+    assert!(matches!(step, Step::Wait));
+    assert_eq!(host.count(Metric::TailCounts), 0);
+    let call = &host.calls[1].2;
+    let whole: serde_json::Value = serde_json::from_slice(call.body.as_deref().unwrap()).unwrap();
+    assert_eq!(whole["messages"].as_array().map(Vec::len), Some(4));
+}
+
+#[test]
 fn a_message_sent_again_with_a_block_changed_is_counted() {
     let (p, mut host) = setup(SKIP);
     let chat = qwen_first(&p, &mut host, 900);
@@ -302,30 +353,4 @@ fn a_responses_turn_without_a_cap_under_a_smaller_window_has_its_cap_written_fro
     y.on_stream_end(&p, &mut host);
     checked(&p, &mut host, &mut y, &token_ids(1030));
     assert_eq!(host.count(Metric::BoundViolations), 0);
-}
-
-#[test]
-fn no_cap_is_written_from_a_message_sent_again_with_blocks_left_out() {
-    let (p, mut host) = setup(SKIP);
-    let chat = "/v1/chat/completions";
-    // Near the edge: the bytes do not prove the cap fits, the cap must be rewritten.
-    let edge = |b: &str| leak(b.replace(r#""max_tokens":32768"#, r#""max_tokens":2000"#));
-    counted(
-        &p,
-        &mut host,
-        chat,
-        edge(qwen_turn(&["list"])),
-        &tokenized(38900, 40960),
-    );
-    let (_, step) = send(&p, &mut host, chat, edge(qwen_turn(&["list", "read"])));
-    assert!(matches!(step, Step::Wait));
-    assert_eq!(
-        host.count(Metric::TailCounts),
-        0,
-        "no band: the whole prompt"
-    );
-    assert_eq!(host.calls.last().unwrap().2.path, "/tokenize");
-    let sent: serde_json::Value =
-        serde_json::from_slice(host.calls.last().unwrap().2.body.as_deref().unwrap()).unwrap();
-    assert_eq!(sent["messages"].as_array().unwrap().len(), 4);
 }

@@ -137,13 +137,14 @@ class SseTokens:
         return False
 
 
-def first_token(port, path, body):
-    """(TTFT ms, response headers) of a streamed request; the stream is closed after it."""
+def first_token(port, path, body, headers=None):
+    """(TTFT ms, response headers) of a streamed request (with `headers` besides its
+    content-type); the stream is closed after it."""
     data = json.dumps(body).encode()
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
     conn.connect()
     t0 = time.perf_counter()
-    conn.request("POST", path, data, {"content-type": "application/json"})
+    conn.request("POST", path, data, {"content-type": "application/json", **(headers or {})})
     resp = conn.getresponse()
     headers = {k.lower(): v for k, v in resp.getheaders()}
     if resp.status != 200:

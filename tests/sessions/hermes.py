@@ -253,6 +253,7 @@ class Decision:
     action: str                 # the seed: rewritten / unchanged; incontext: x-incontext-action
     source: str                 # the seed: exact; incontext: x-incontext-source
     after_summary: bool         # a summary request came between this and the one before
+    told: Optional[int] = None  # incontext: x-incontext-prompt-tokens (P, or P_hi from a bound)
 
 
 class Probe:

@@ -192,7 +192,7 @@ class Hermes:
         args = [str(HERMES), *argv]
         t0 = time.monotonic()
         out = subprocess.run(args, cwd=self.workdir, env=self.environment(),
-                             capture_output=True, text=True, timeout=300,
+                             capture_output=True, text=True, timeout=900,
                              stdin=subprocess.DEVNULL)
         return Turn(out.returncode, out.stdout, out.stderr, time.monotonic() - t0)
 

@@ -192,7 +192,7 @@ class Hermes:
         args = [str(HERMES), *argv]
         t0 = time.monotonic()
         out = subprocess.run(args, cwd=self.workdir, env=self.environment(),
-                             capture_output=True, text=True, timeout=300,
+                             capture_output=True, text=True, timeout=900,
                              stdin=subprocess.DEVNULL)
         return Turn(out.returncode, out.stdout, out.stderr, time.monotonic() - t0)
 
@@ -253,6 +253,7 @@ class Decision:
     action: str                 # the seed: rewritten / unchanged; incontext: x-incontext-action
     source: str                 # the seed: exact; incontext: x-incontext-source
     after_summary: bool         # a summary request came between this and the one before
+    told: Optional[int] = None  # incontext: x-incontext-prompt-tokens (P, or P_hi from a bound)
 
 
 class Probe:

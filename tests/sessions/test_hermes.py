@@ -11,12 +11,15 @@ for each of the three continuations of a reply cut by its cap: a turn is four ma
 16, 32, 64, 128), so the random-weight model's replies stay short; its default (65,536, the
 cap it sends to a custom provider) is the control's, against the suite's 12,288-token vLLM.
 
-The parity conversation (one user message of ~50k tokens, then a second sized by a probe to
-the edge) runs three times: Hermes with the seed plugin straight to vLLM; Hermes without it
-through incontext configured as the seed decides (`window_tokens` = Hermes' threshold, the
-same R and F, reject mode) with `skip_count: false`; and the same on the shipped
-`skip_count` default. The second turn is run twice from a copy of the first's state: its first
-request at exactly R tokens of room, and at R − 1.
+The parity conversation runs three times: Hermes with the seed plugin straight to vLLM; Hermes
+without it through incontext configured as the seed decides (`window_tokens` = Hermes'
+threshold, the same R and F, reject mode) with `skip_count: false`; and the same on the
+shipped `skip_count` default. Its four turns (sixteen main requests and a summary): a first
+user message of ~63k tokens that leaves ROOM tokens of room; a short second one; a third sized
+by a probe so that its last request has less room than Hermes' cap (the one cap of the
+conversation that is W − P, written from a bound on the default); a fourth that no longer fits,
+on which both compress. From a copy of the first turn's state the second turn is also run at
+the edge: its first request at exactly R tokens of room, and at R − 1.
 """
 
 from __future__ import annotations
@@ -41,12 +44,17 @@ from tests.sessions.clis import Tap
 from tests.sessions.conftest import WINDOW as SMALL_WINDOW
 from tests.sessions.hermes import Decision, Hermes, Probe
 
+# The parity fixture runs Hermes' conversation three times (twenty-odd minutes on a busy
+# 2-core machine): generous, and no test asserts a time.
+pytestmark = pytest.mark.timeout(5400)
+
 B = 16                          # Hermes' model.max_tokens in the parity runs
 R = 8                           # INCONTEXT_MIN_OUTPUT_TOKENS / min_output_tokens (below B)
 F = 1024                        # the seed's default fallback margin, on both
 W = H.threshold(H.WINDOW, B)    # 64,000: Hermes' threshold, the seed's W
 SLACK = 64                      # a cap written from a bound may sit this far below (§15a)
-ROOM = 600                      # room left by the first turn's first request
+ROOM = 1000                     # room left by the first turn's first request
+LAST = 140                      # room the third turn's third request is sized to
 CAPS = [B, 2 * B, 4 * B, 8 * B]     # one turn: the request and its three continuations
 # Test-only additions to the configuration docs/agents.md shows: Hermes' cap; compression may
 # summarise the first messages and keeps the last three (the first turn's long message is
@@ -56,6 +64,8 @@ EXTRA = {"model": {"max_tokens": B},
          "auxiliary": {"compression": {"extra_body": {"max_tokens": 64}}}}
 FIRST = "Read this:"
 SECOND = "More:"
+TALK = ("Go on.", "More:", "More:")     # the conversation's turns 2, 3 (+ filler), 4 (+ FOURTH)
+FOURTH = 300                    # the fourth message's filler: past the window in every run
 FILL = " a"                     # one Qwen3 token each
 DOC = Path(__file__).resolve().parents[2] / "docs" / "agents.md"
 
@@ -123,13 +133,26 @@ def count(server, body: dict) -> int:
 
 # --- one run of the parity conversation -----------------------------------------------------
 @dataclass
+class Part:
+    """One turn: its main requests, how many summary requests it made, and which kind of
+    request it sent first ("main" or "summary")."""
+    decisions: List[Decision]
+    summaries: int
+    first: str
+
+
+@dataclass
 class Run:
-    """The main requests of each part of one system's run, and its summary requests."""
-    turn1: List[Decision]
-    edge: Dict[str, List[Decision]]         # "R", "R-1": the second turn from the same state
-    summaries: Dict[str, int]               # part -> how many summary requests it made
-    first_in_turn: Dict[str, str]           # part -> "main" or "summary": its first chat call
-    second: int                             # the second message's filler
+    """One system's run: the conversation's turns, the second turn at the edge, and the
+    filler the probes chose."""
+    talk: List[Part]                        # turns 1–4
+    edge: Dict[str, Part]                   # "R", "R-1": the second turn from turn 1's state
+    second: int                             # the edge message's filler (room R)
+    third: int                              # the third message's filler
+
+    @property
+    def turn1(self) -> List[Decision]:
+        return self.talk[0].decisions
 
 
 SEED_LINE = re.compile(r"incontext model=\S+ source=\S+ prompt_tokens=(\d+) "
@@ -181,7 +204,7 @@ def decisions(server, sent, seed: Optional[List[tuple]] = None) -> List[Decision
             cap = int(ic["x-incontext-max-tokens"]) if action == "rewritten" else \
                 (None if action == "rejected" else body["max_tokens"])
             d = Decision(p, cap, s.status, action, ic.get("x-incontext-source", ""),
-                         after_summary)
+                         after_summary, int(ic["x-incontext-prompt-tokens"]))
             if d.source == "exact":
                 assert int(ic["x-incontext-prompt-tokens"]) == p, (i, ic, p)
             else:
@@ -191,41 +214,64 @@ def decisions(server, sent, seed: Optional[List[tuple]] = None) -> List[Decision
     return out
 
 
-def converse(name: str, server, target: str, workdir: Path, fill: int,
-             second: Optional[int], seed: bool, parts=("R", "R-1")) -> Run:
-    """Hermes (with the seed plugin when ``seed``) through a Tap in front of ``target``:
-    the first turn, then the second from the same saved state at R and at R − 1. ``second``:
-    the second message's filler that puts its first request at W − R; None: read it here by a
-    probe of that request from the first turn's state (``Run.second``)."""
+def run_turn(h: Hermes, server, target: str, text: str, seed: bool, name: str,
+             first: bool = False) -> Part:
+    """One turn through a Tap in front of ``target``, read into a Part."""
+    since = log_size(h)
+    with Tap(target) as tap:
+        t = h.turn(text, first=first, base_url=tap.url)
+    assert t.returncode == 0, (name, t.stdout[-500:], t.stderr[-500:])
+    chats = H.chat_calls(tap.sent)
+    return Part(decisions(server, tap.sent, seed_decisions(h, since) if seed else None),
+                sum(H.is_summary(s) for s in chats),
+                "summary" if chats and H.is_summary(chats[0]) else "main")
+
+
+def probe_room(h: Hermes, server, text: str, filler: int) -> int:
+    """The room below W of the next turn's first request with ``filler`` tokens of FILL,
+    read by a probe (the turn is not kept: the caller restores the state)."""
+    with Probe() as probe:
+        h.turn(text + FILL * filler, first=False, base_url=probe.url)
+    assert probe.body is not None, "Hermes sent no request to the probe"
+    return W - count(server, probe.body)
+
+
+def converse(name: str, server, target: str, workdir: Path, fill: int, sized: Optional[Run],
+             seed: bool, parts=("R", "R-1")) -> Run:
+    """Hermes (with the seed plugin when ``seed``) through Taps in front of ``target``: the
+    conversation's four turns, and the second turn from turn 1's state at R and at R − 1.
+    ``sized``: the run whose probes sized the edge and third messages; None: size them here."""
     env = H.seed_env(server.url, R, F) if seed else None
     h = Hermes(workdir, target, extra=EXTRA, seed=env).fresh()
-    saved = workdir.parent / f"{workdir.name}-{name}-turn1"
-    with Tap(target) as tap:
-        t = h.turn(FIRST + FILL * fill, first=True, base_url=tap.url)
-    assert t.returncode == 0, (name, t.stdout[-500:], t.stderr[-500:])
-    turn1 = decisions(server, tap.sent, seed_decisions(h, 0) if seed else None)
+    saved = workdir.parent / f"{workdir.name}-{name}-state"
     if saved.exists():
         shutil.rmtree(saved)
+    talk = [run_turn(h, server, target, FIRST + FILL * fill, seed, name, first=True)]
     h.snapshot(saved)
-    if second is None:
-        with Probe() as probe:
-            h.turn(SECOND + FILL * 100, first=False, base_url=probe.url)
-        assert probe.body is not None, "Hermes sent no second-turn request to the probe"
-        second = 100 + (W - R - count(server, probe.body))
-    edge, summaries, first_in = {}, {}, {}
+    if sized is None:
+        second = 100 + probe_room(h, server, SECOND, 100) - R
+    else:
+        second = sized.second
+    edge = {}
     for part in parts:
-        n = second if part == "R" else second + 1
         h.restore(saved)
-        since = log_size(h)
-        with Tap(target) as tap:
-            t = h.turn(SECOND + FILL * n, first=False, base_url=tap.url)
-        assert t.returncode == 0, (name, part, t.stdout[-500:], t.stderr[-500:])
-        chats = H.chat_calls(tap.sent)
-        summaries[part] = sum(H.is_summary(s) for s in chats)
-        first_in[part] = "summary" if chats and H.is_summary(chats[0]) else "main"
-        edge[part] = decisions(server, tap.sent, seed_decisions(h, since) if seed else None)
+        n = second if part == "R" else second + 1
+        edge[part] = run_turn(h, server, target, SECOND + FILL * n, seed, f"{name} {part}")
+    h.restore(saved)
+    talk.append(run_turn(h, server, target, TALK[0], seed, name))
+    if sized is None:
+        # The third turn's third request: its first + the growth of turn 1's first three.
+        growth = talk[0].decisions[2].prompt - talk[0].decisions[0].prompt
+        shutil.rmtree(saved)
+        h.snapshot(saved)
+        third = 100 + probe_room(h, server, TALK[1], 100) - growth - LAST
+        h.restore(saved)
+    else:
+        third = sized.third
+    talk.append(run_turn(h, server, target, TALK[1] + FILL * third, seed, name))
+    talk.append(run_turn(h, server, target, TALK[2] + FILL * FOURTH, seed, name))
     shutil.rmtree(saved)
-    return Run(turn1, edge, summaries, first_in, second)
+    return Run(talk, edge, second, third)
 
 
 def first_fill(server, workdir: Path) -> int:
@@ -250,7 +296,7 @@ def parity(wide, tmp_path_factory):
                                  ("default", {}, ("R-1",))):
         env = envoy(stack, f"hermes-as-seed-{name}", context_length=H.WINDOW,
                           **H.seed_plugin_config(R, F, W), **changes)
-        runs[name] = converse(name, server, env.url, workdir, fill, seed.second, seed=False,
+        runs[name] = converse(name, server, env.url, workdir, fill, seed, seed=False,
                               parts=parts)
     return runs
 
@@ -260,6 +306,19 @@ def caps(ds: List[Decision]) -> list:
 
 
 # --- parity with the seed ---------------------------------------------------------------------
+def outcome(part: Part) -> list:
+    """A turn's decisions, system-neutral: "compress" where the seed made Hermes compress
+    before sending (a summary first) or incontext rejected the request; else the cap vLLM
+    got."""
+    out = ["compress"] if part.first == "summary" else []
+    return out + ["compress" if d.action == "rejected" else d.cap for d in part.decisions]
+
+
+def report(line: str):
+    """A measured number, printed in the test's output (pytest -rA shows it)."""
+    print(f"hermes parity: {line}")
+
+
 def test_first_turn_same_prompt_decision_and_cap(parity):
     """Four main requests (the reply and its three continuations), each with room for
     Hermes' own cap: the seed writes it, incontext keeps or writes the same value; the same P
@@ -280,24 +339,58 @@ def test_first_turn_same_prompt_decision_and_cap(parity):
         [("rewritten", "exact")] + [("unchanged:fits", "bound")] * 3
 
 
+def test_four_turns_same_decisions_and_compression_turn(parity):
+    """The conversation's four turns, sixteen main requests: turns 1 and 2 served with
+    Hermes' caps; the third's last request with W − P (less room than its cap 8B); the
+    fourth no longer fits — the seed makes Hermes compress before sending, incontext rejects
+    its first request and Hermes compresses on that — then served with Hermes' caps. With
+    `skip_count: false` every request is counted and every cap and P is the seed's."""
+    seed, exact = parity["seed"], parity["exact"]
+    last = seed.talk[2].decisions[3]
+    assert 0 < W - last.prompt < 8 * B, last
+    expected = [CAPS, CAPS, CAPS[:3] + [W - last.prompt], ["compress"] + CAPS]
+    assert [outcome(t) for t in seed.talk] == expected, [outcome(t) for t in seed.talk]
+    assert [outcome(t) for t in exact.talk] == expected, [outcome(t) for t in exact.talk]
+    assert [t.summaries for t in seed.talk] == [t.summaries for t in exact.talk] == [0, 0, 0, 1]
+    assert [t.first for t in seed.talk] == ["main", "main", "main", "summary"]
+    assert [t.first for t in exact.talk] == ["main"] * 4
+    # Up to the summary the prompts are the same token for token.
+    before = [d.prompt for t in seed.talk[:3] for d in t.decisions]
+    assert [d.prompt for t in exact.talk[:3] for d in t.decisions] == before
+    assert len(before) == 12
+    rejected = exact.talk[3].decisions[0]
+    assert (rejected.action, rejected.status, rejected.source) == ("rejected", 400, "exact")
+    assert rejected.prompt > W - R, rejected
+    served = [d for t in exact.talk for d in t.decisions if d.action != "rejected"]
+    assert len(served) == 16
+    assert {(d.status, d.source) for d in served} == {(200, "exact")}
+    assert {d.status for t in seed.talk for d in t.decisions} == {200}
+    for name, run in parity.items():
+        for i, t in enumerate(run.talk, 1):
+            report(f"{name} turn {i}: " + ", ".join(
+                f"P {d.prompt} {d.action}/{d.source} cap {d.cap}" for d in t.decisions)
+                + f"; summaries {t.summaries}")
+
+
 def test_compression_on_the_same_turn_at_r_minus_1(parity):
     """Room R − 1 at the second turn's first request: the seed makes Hermes compress before
     sending it (its preflight count); incontext rejects it (P = W − R + 1) and Hermes
     compresses on that answer. Then the same four main requests, each served with Hermes'
     cap."""
-    seed = parity["seed"]
-    assert seed.first_in_turn["R-1"] == "summary" and seed.summaries["R-1"] == 1
-    assert caps(seed.edge["R-1"]) == CAPS
-    assert [d.after_summary for d in seed.edge["R-1"]] == [True, False, False, False]
+    seed = parity["seed"].edge["R-1"]
+    assert seed.first == "summary" and seed.summaries == 1
+    assert caps(seed.decisions) == CAPS
+    assert [d.after_summary for d in seed.decisions] == [True, False, False, False]
     for name in ("exact", "default"):
-        run = parity[name]
-        rejected, *served = run.edge["R-1"]
+        part = parity[name].edge["R-1"]
+        rejected, *served = part.decisions
         assert (rejected.action, rejected.status, rejected.source) == ("rejected", 400, "exact")
         assert rejected.prompt == W - R + 1, rejected
-        assert run.summaries["R-1"] == 1 and run.first_in_turn["R-1"] == "main"
-        assert caps(served) == caps(seed.edge["R-1"]) == CAPS, (name, served)
+        assert part.summaries == 1 and part.first == "main"
+        assert caps(served) == caps(seed.decisions) == CAPS, (name, served)
         assert [d.after_summary for d in served] == [True, False, False, False]
         assert {d.status for d in served} == {200}
+        assert outcome(part) == outcome(seed) == ["compress"] + CAPS
 
 
 def test_exactly_r_of_room_is_served_with_r(parity):
@@ -307,20 +400,20 @@ def test_exactly_r_of_room_is_served_with_r(parity):
     it (its check runs at a turn's start; mid-turn Hermes' own rough estimate decides, and it
     sees no pressure), so vLLM serves it past W up to its own window; incontext answers the
     window-full error and Hermes compresses there."""
-    seed = parity["seed"]
-    first, *rest = seed.edge["R"]
+    seed = parity["seed"].edge["R"]
+    first, *rest = seed.decisions
     assert (first.prompt, first.cap, first.status) == (W - R, R, 200)
-    assert seed.summaries["R"] == 0
+    assert seed.summaries == 0
     assert [(d.cap, d.action, d.status) for d in rest] == \
         [(c, "unchanged", 200) for c in CAPS[1:]]
     assert all(d.prompt > W - R for d in rest), rest
-    run = parity["exact"]
-    first_i, rejected, *served = run.edge["R"]
+    part = parity["exact"].edge["R"]
+    first_i, rejected, *served = part.decisions
     assert (first_i.prompt, first_i.cap, first_i.status, first_i.action,
             first_i.source) == (W - R, R, 200, "rewritten", "exact"), first_i
     assert (rejected.action, rejected.status) == ("rejected", 400), rejected
     assert rejected.prompt == rest[0].prompt, (rejected, rest[0])
-    assert run.summaries["R"] == 1
+    assert part.summaries == 1
     # After compressing it sends the continuation again, then continues twice more (its caps:
     # measured).
     assert [(d.cap, d.status) for d in served] == [(B, 200), (4 * B, 200), (8 * B, 200)], served
@@ -328,17 +421,36 @@ def test_exactly_r_of_room_is_served_with_r(parity):
 
 
 def test_bounded_caps_within_their_slack(parity):
-    """The shipped default (skip_count on): every cap incontext wrote or kept is the seed's,
-    or — written from a bound — at most SLACK below it; never above."""
+    """The shipped default (skip_count on), on every main request of the conversation and of
+    the R − 1 turn: the same decision as the seed's; every cap it kept or counted is the
+    seed's; a cap written from a bound is the seed's less the bound's slack P_hi − P (at most
+    SLACK), never above. The third turn's last request is such a cap."""
     seed, default = parity["seed"], parity["default"]
-    pairs = list(zip(seed.turn1, default.turn1)) + list(zip(seed.edge["R-1"],
-                                                            default.edge["R-1"][1:]))
-    assert len(pairs) == 8
-    for s, d in pairs:
-        if d.source == "bound" and d.action == "rewritten":
-            assert s.cap - SLACK <= d.cap <= s.cap, (s, d)
-        else:
-            assert d.cap == s.cap, (s, d)
+    parts = list(zip(seed.talk, default.talk)) + [(seed.edge["R-1"], default.edge["R-1"])]
+    bounded = []
+    n = 0
+    for s_part, d_part in parts:
+        assert [o if o == "compress" else "cap" for o in outcome(s_part)] == \
+            [o if o == "compress" else "cap" for o in outcome(d_part)], (s_part, d_part)
+        assert s_part.summaries == d_part.summaries
+        d_served = [d for d in d_part.decisions if d.action != "rejected"]
+        assert len(s_part.decisions) == len(d_served), (s_part, d_part)
+        for s, d in zip(s_part.decisions, d_served):
+            n += 1
+            assert d.status == 200, d
+            if d.source == "bound" and d.action == "rewritten":
+                bounded.append((s, d))
+                assert d.told - d.prompt == s.cap - d.cap, (s, d)
+                assert 0 < d.told - d.prompt <= SLACK, (s, d)
+            else:
+                assert d.cap == s.cap, (s, d)
+    assert n == 20
+    assert len(bounded) == 1, bounded
+    (s, d), = bounded
+    assert (s.prompt, s.cap) == (d.prompt, W - d.prompt), (s, d)
+    assert d is default.talk[2].decisions[3]
+    report(f"from a bound: P {d.prompt}, P_hi {d.told}, cap {d.cap} (the seed's {s.cap}, "
+           f"{s.cap - d.cap} below)")
 
 
 # --- through incontext: served the first time --------------------------------------------------
@@ -375,40 +487,45 @@ REFUSED = f"max_tokens=65536 cannot be greater than max_model_len={SMALL_WINDOW}
 
 def test_default_cap_refused_straight_served_through_incontext(vllm, stack, hermes_ready,
                                                               tmp_path):
-    """Hermes' own cap (65,536 for a custom provider, no model.max_tokens) at its configured
-    window 65,536 against the suite's vLLM with 12,288: straight to vLLM every main request is
-    refused (the cap is above the window). Through incontext (reject mode, a window of P + 64
-    so the reply is short) the same request is served with W − P; its continuation, which no
-    longer fits any window, gets incontext's window-full answer — no request reaches vLLM to
-    be refused — and Hermes, which compresses on it, stops: the model's 12,288-token window is
-    below the 64,000 it needs for compression."""
+    """A server window smaller than Hermes' configured one: Hermes' own cap (65,536 for a
+    custom provider, no model.max_tokens) at its configured window 65,536 against the suite's
+    vLLM with 12,288 (the vLLM of the other sessions tests). Straight to vLLM every request is
+    refused (the cap is above the window): one chat request, refused; Hermes reads that as a
+    full window and stops, the model's 12,288-token window being below the 64,000 it needs
+    for compression. Through incontext (reject mode, a window of P + 64 so the reply is
+    short) vLLM refuses none: the same request is served with W − P; its continuation, which
+    no longer fits any window, gets incontext's window-full answer (no upstream request), and
+    Hermes stops as before."""
     work = tmp_path / "w"
     with Tap(vllm.url) as tap:
         h = Hermes(work, tap.url).fresh()
         t = h.oneshot("Say hello.")
-    main = H.main_calls(tap.sent)
-    assert [s.status for s in main] == [400], \
-        [(s.status, s.body.get("max_tokens")) for s in main]
-    assert {s.body["max_tokens"] for s in main} == {65536}
+    chats = H.chat_calls(tap.sent)
+    assert [(s.status, H.is_summary(s), s.body["max_tokens"]) for s in chats] == \
+        [(400, False, 65536)], [(s.status, s.body.get("max_tokens")) for s in chats]
     assert "below the minimum 64,000" in t.stdout + t.stderr + h.log()
-    p = count(vllm, main[0].body)
+    p = count(vllm, chats[0].body)
     # What vLLM answered it (Hermes' one-shot mode logs nothing): the same body, not streamed.
     again = httpx.post(vllm.url + "/v1/chat/completions", timeout=60,
-                       json={**main[0].body, "stream": False, "stream_options": None})
+                       json={**chats[0].body, "stream": False, "stream_options": None})
     assert again.status_code == 400 and REFUSED in again.text, again.text[:500]
 
     env = envoy(stack, "hermes-control", context_length=SMALL_WINDOW, window_tokens=p + 64,
-                      min_output_tokens=64, on_insufficient="reject")
+                min_output_tokens=64, on_insufficient="reject")
     with Tap(env.url) as tap:
         h = Hermes(work, tap.url).fresh()
         t = h.oneshot("Say hello.")
-    main = H.main_calls(tap.sent)
-    first, *rest = main
-    ic = H.incontext_of(first)
-    assert (first.status, ic["x-incontext-action"], int(ic["x-incontext-prompt-tokens"]),
-            int(ic["x-incontext-max-tokens"])) == (200, "rewritten", p, 64), (first.status, ic)
-    assert [(s.status, H.incontext_of(s)["x-incontext-action"]) for s in rest] == \
-        [(400, "rejected")], [(s.status, H.incontext_of(s)) for s in rest]
+    chats = H.chat_calls(tap.sent)
+    assert [(s.status, H.is_summary(s), s.body["max_tokens"],
+             H.incontext_of(s).get("x-incontext-action")) for s in chats] == \
+        [(200, False, 65536, "rewritten"), (400, False, 65536, "rejected")], \
+        [(s.status, s.body.get("max_tokens"), H.incontext_of(s)) for s in chats]
+    ic = H.incontext_of(chats[0])
+    assert (int(ic["x-incontext-prompt-tokens"]), int(ic["x-incontext-max-tokens"]),
+            ic["x-incontext-source"]) == (p, 64, "exact"), ic
+    # vLLM refused nothing through this Envoy, counts included (its 404s are Hermes' probes
+    # of other servers' paths, `GET /api/tags` and the like).
+    assert env.cluster_stat("vllm", "upstream_rq_400") == 0
     assert "below the minimum 64,000" in t.stdout + t.stderr, (t.stdout[-500:], t.stderr[-500:])
 
 

@@ -480,6 +480,14 @@ def test_module_config_differs_from_envoy_yaml_only_in_the_filter():
     assert module.pop("memory_allocator_manager") == {
         "bytes_to_release": 67108864, "memory_release_interval": "1s"}
     assert "memory_allocator_manager" not in wasm
+    # The access log reads the same published names, under the module's filter state prefix
+    # (docs/spec.md §9a).
+    hcm = lambda c: c["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0][
+        "typed_config"]
+    module_log = yaml.safe_dump(hcm(module).pop("access_log"))
+    wasm_log = yaml.safe_dump(hcm(wasm).pop("access_log"))
+    assert module_log.count("FILTER_STATE(incontext.") == 7
+    assert module_log == wasm_log.replace("FILTER_STATE(wasm.incontext.", "FILTER_STATE(incontext.")
     assert module == wasm
     assert module_pc == wasm_pc
     assert wasm_filters == ["envoy.filters.http.wasm", "envoy.filters.http.buffer",
@@ -489,6 +497,31 @@ def test_module_config_differs_from_envoy_yaml_only_in_the_filter():
     assert tc["filter_name"] == "incontext", tc
     assert tc["dynamic_module_config"] == {"name": "incontext_module"}, tc
     assert BUILT_MODULE.name == "libincontext_module.so"
+
+
+@pytest.mark.parametrize("config_name,base", [("envoy-budgets.yaml", "envoy.yaml"),
+                                              ("envoy-module-budgets.yaml", "envoy-module.yaml")])
+def test_budget_configs_are_their_base_with_the_rate_limit_filter_before_the_router(
+        config_name, base):
+    """The token budget layouts (docs/operations.md, "Token budgets") are the shipped config
+    of their build with one more HTTP filter, local_ratelimit, right before the router: after
+    everything that holds the request until incontext has decided it. Its charge is the
+    filter state the build publishes, read by the access log under the same name."""
+    budgets, names, pc = _filters_taken_out(load_config(config_name))
+    plain, plain_names, plain_pc = _filters_taken_out(load_config(base))
+    assert (budgets, pc) == (plain, plain_pc)
+    assert names == plain_names[:-1] + ["envoy.filters.http.local_ratelimit",
+                                        "envoy.filters.http.router"]
+    hcm = load_config(config_name)["static_resources"]["listeners"][0]["filter_chains"][0][
+        "filters"][0]["typed_config"]
+    rl = next(f for f in hcm["http_filters"]
+              if f["name"] == "envoy.filters.http.local_ratelimit")["typed_config"]
+    prefix = "incontext." if config_name.startswith("envoy-module") else "wasm.incontext."
+    charge = f"%FILTER_STATE({prefix}charge:PLAIN)%"
+    assert [r["hits_addend"] for r in rl["rate_limits"]] == [{"format": charge}]
+    assert hcm["access_log"][0]["typed_config"]["log_format"]["json_format"][
+        "incontext_charge"] == charge
+    assert rl["always_consume_default_token_bucket"] is False
 
 
 def test_module_profile_mounts_the_module_where_the_image_has_it(doc):
@@ -548,7 +581,8 @@ def test_render_profile_counts_on_the_render_server(doc):
 
 @pytest.mark.parametrize("config_name", ["envoy.yaml", "envoy-sglang.yaml", "envoy-llamacpp.yaml",
                                          "envoy-render.yaml", "envoy-front.yaml",
-                                         "envoy-module.yaml"])
+                                         "envoy-module.yaml", "envoy-budgets.yaml",
+                                         "envoy-module-budgets.yaml"])
 def test_envoy_config_passes_envoy_validate(config_name, tmp_path):
     """`envoy --mode validate` on the shipped file, the wasm path pointed at the built wasm
     (the module found in the directory of the built module): Envoy loads the filter, which
@@ -557,12 +591,13 @@ def test_envoy_config_passes_envoy_validate(config_name, tmp_path):
     binary = envoy_binary()
     if not binary:
         pytest.fail("Envoy binary not found: run scripts/setup.sh", pytrace=False)
-    built = BUILT_MODULE if config_name == "envoy-module.yaml" else BUILT_WASM
+    module = config_name in ("envoy-module.yaml", "envoy-module-budgets.yaml")
+    built = BUILT_MODULE if module else BUILT_WASM
     if not built.is_file():
         pytest.fail(f"{built} is missing: run scripts/build-wasm.sh and scripts/build-module.sh",
                     pytrace=False)
     text = (ROOT / "envoy" / config_name).read_text(encoding="utf-8")
-    if config_name not in ("envoy-front.yaml", "envoy-module.yaml"):
+    if config_name != "envoy-front.yaml" and not module:
         wasm = wasm_filter(yaml.safe_load(text))["typed_config"]["config"]["vm_config"]["code"][
             "local"]["filename"]
         text = text.replace(wasm, str(BUILT_WASM))

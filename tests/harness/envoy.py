@@ -135,6 +135,31 @@ def shipped_plugin_config() -> dict:
     return json.loads(wf["typed_config"]["config"]["configuration"]["value"])
 
 
+def _place(cfg: dict, listen_port: int, admin_port: int, upstream: Tuple[str, int]) -> dict:
+    """Puts a shipped bootstrap on the test's ports and upstream; its `vllm` cluster."""
+    cfg["admin"]["address"]["socket_address"].update(address="127.0.0.1", port_value=admin_port)
+    listener = cfg["static_resources"]["listeners"][0]
+    listener["address"]["socket_address"].update(address="127.0.0.1", port_value=listen_port)
+    vllm = next(c for c in cfg["static_resources"]["clusters"] if c["name"] == "vllm")
+    sa = vllm["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"][
+        "socket_address"]
+    sa.update(address=upstream[0], port_value=upstream[1])
+    return vllm
+
+
+def render_file(name: str, *, listen_port: int, admin_port: int,
+                upstream: Tuple[str, int]) -> dict:
+    """Another shipped layout of envoy/ (e.g. envoy-budgets.yaml) as it is, on the test's
+    ports and upstream, its wasm filter (if any) loading the built wasm."""
+    with open(ROOT / "envoy" / name, encoding="utf-8") as f:
+        cfg = yaml.safe_load(f)
+    _place(cfg, listen_port, admin_port, upstream)
+    for f in _hcm(cfg)["http_filters"]:
+        if f["name"] == WASM_FILTER:
+            f["typed_config"]["config"]["vm_config"]["code"]["local"]["filename"] = str(WASM)
+    return cfg
+
+
 def render(*, wasm_path: str, listen_port: int, admin_port: int, upstream: Tuple[str, int],
            plugin_config, remove_filter: bool = False, extra_clusters: List[dict] = (),
            host_env_keys: List[str] = (), env_key_values: Optional[Dict[str, str]] = None,
@@ -150,14 +175,8 @@ def render(*, wasm_path: str, listen_port: int, admin_port: int, upstream: Tuple
     as ``{"env": "VAR"}``.
     """
     cfg = copy.deepcopy(load_shipped(glue))
-    cfg["admin"]["address"]["socket_address"].update(address="127.0.0.1", port_value=admin_port)
-    listener = cfg["static_resources"]["listeners"][0]
-    listener["address"]["socket_address"].update(address="127.0.0.1", port_value=listen_port)
+    vllm = _place(cfg, listen_port, admin_port, upstream)
     clusters = cfg["static_resources"]["clusters"]
-    vllm = next(c for c in clusters if c["name"] == "vllm")
-    sa = vllm["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"][
-        "socket_address"]
-    sa.update(address=upstream[0], port_value=upstream[1])
     clusters.extend(copy.deepcopy(list(extra_clusters)))
     hcm = _hcm(cfg)
     if trailers:

@@ -524,6 +524,40 @@ def test_budget_configs_are_their_base_with_the_rate_limit_filter_before_the_rou
     assert rl["always_consume_default_token_bucket"] is False
 
 
+def test_global_budget_layout_charges_what_the_local_one_does_through_the_service():
+    """envoy/envoy-budgets-global.yaml is envoy/envoy-budgets.yaml with the local rate limit
+    filter replaced by the global one (same descriptor, same charge, the domain of
+    deploy/ratelimit/config.yaml) and a gRPC cluster for the service; the service's
+    configuration gives each key the budget the local layout gives it (docs/operations.md)."""
+    glob, names, pc = _filters_taken_out(load_config("envoy-budgets-global.yaml"))
+    local, local_names, local_pc = _filters_taken_out(load_config("envoy-budgets.yaml"))
+    clusters = glob["static_resources"]["clusters"]
+    rls = clusters.pop()
+    assert rls["name"] == "ratelimit"
+    assert rls["typed_extension_protocol_options"][
+        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]["explicit_http_config"] == {
+        "http2_protocol_options": {}}
+    assert (glob, pc) == (local, local_pc)
+    assert names == [n if n != "envoy.filters.http.local_ratelimit" else
+                     "envoy.filters.http.ratelimit" for n in local_names]
+    filters = lambda name: {f["name"]: f["typed_config"] for f in load_config(name)[
+        "static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"][
+        "http_filters"]}
+    g = filters("envoy-budgets-global.yaml")["envoy.filters.http.ratelimit"]
+    loc = filters("envoy-budgets.yaml")["envoy.filters.http.local_ratelimit"]
+    assert g["rate_limits"] == loc["rate_limits"]
+    assert g["rate_limit_service"]["grpc_service"]["envoy_grpc"]["cluster_name"] == "ratelimit"
+    assert g["failure_mode_deny"] is False
+    service = yaml.safe_load((ROOT / "deploy" / "ratelimit" / "config.yaml").read_text())
+    assert service["domain"] == g["domain"] == "incontext"
+    key = loc["rate_limits"][0]["actions"][0]["request_headers"]["descriptor_key"]
+    assert [(d["key"], d["value"], d["rate_limit"]["requests_per_unit"], d["rate_limit"]["unit"])
+            for d in service["descriptors"]] == [
+        (key, e["value"], d["token_bucket"]["max_tokens"], "day")
+        for d in loc["descriptors"] for e in d["entries"]]
+    assert all(d["token_bucket"]["fill_interval"] == "86400s" for d in loc["descriptors"])
+
+
 def test_module_profile_mounts_the_module_where_the_image_has_it(doc):
     """The module profiles' Envoy: the envoy service's image, command line, ports and health
     check; the module mounted read-only at the place deploy/module/Dockerfile's image (same
@@ -582,7 +616,8 @@ def test_render_profile_counts_on_the_render_server(doc):
 @pytest.mark.parametrize("config_name", ["envoy.yaml", "envoy-sglang.yaml", "envoy-llamacpp.yaml",
                                          "envoy-render.yaml", "envoy-front.yaml",
                                          "envoy-module.yaml", "envoy-budgets.yaml",
-                                         "envoy-module-budgets.yaml"])
+                                         "envoy-module-budgets.yaml",
+                                         "envoy-budgets-global.yaml"])
 def test_envoy_config_passes_envoy_validate(config_name, tmp_path):
     """`envoy --mode validate` on the shipped file, the wasm path pointed at the built wasm
     (the module found in the directory of the built module): Envoy loads the filter, which

@@ -82,6 +82,9 @@ def test_a_key_is_served_until_its_budget_and_refused_before_the_upstream_after(
     for res, _, _ in outcomes:
         if res.status == 429:
             assert res.response.text == "local_rate_limited"
+    # The filter's own headers say what each served team-b request left, token for token.
+    remaining = [res.h("x-ratelimit-remaining") for res, _, _ in outcomes[:6] + outcomes[7:8]]
+    assert remaining == [str(BUDGET_B - full * i) for i in range(1, 7)] + ["0"]
     # Each request was counted (once) before the rate limit filter charged it.
     assert [len(res.tokenize) for res, _, _ in outcomes] == [1] * 11
 

@@ -196,7 +196,6 @@ fn rewrite_body(
     envoy.replace_body(Body::Request, &body) && set_length(envoy, body.len(), declared)
 }
 
-/// Gives the request's body its length: nothing to write when its Content-Length declared it.
 /// Writes what the exchange has to publish (docs/spec.md §9a) as the stream's filter state
 /// `incontext.*`: before the request goes on, and when the answer's usage comes. A value
 /// Envoy refuses is left out.
@@ -208,6 +207,7 @@ fn publish(exchange: &mut Exchange, envoy: &mut dyn Envoy) {
     }
 }
 
+/// Gives the request's body its length: nothing to write when its Content-Length declared it.
 fn set_length(envoy: &mut dyn Envoy, len: usize, declared: Option<usize>) -> bool {
     declared == Some(len)
         || envoy.set_header(Headers::Request, "content-length", Some(&len.to_string()))

@@ -96,5 +96,9 @@ def test_a_key_is_served_until_its_budget_and_refused_before_the_upstream_after(
     assert [x["flags"] for x in lines] == ["-"] * 6 + ["RL", "-", "RL", "-", "-", "-"]
     # The charged requests add up to the bucket exactly: 6 * 32768 + 3392 = 200000.
     assert sum(int(charges[i]) for i in (0, 1, 2, 3, 4, 5, 7)) == BUDGET_B
+    # No prompt reaches the access log, Envoy's log or the published values.
+    markers = [m for _, m, _ in outcomes]
+    logs = proxy.envoy.access_log_path.read_text() + proxy.envoy.log_text()
+    assert [m for m in markers if m in logs] == []
     stats = rate_limit_stats(proxy.envoy)
     assert (stats["rate_limited"], stats["enforced"]) == (2, 2), stats

@@ -480,6 +480,14 @@ def test_module_config_differs_from_envoy_yaml_only_in_the_filter():
     assert module.pop("memory_allocator_manager") == {
         "bytes_to_release": 67108864, "memory_release_interval": "1s"}
     assert "memory_allocator_manager" not in wasm
+    # The access log reads the same published names, under the module's filter state prefix
+    # (docs/spec.md §9a).
+    hcm = lambda c: c["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0][
+        "typed_config"]
+    module_log = yaml.safe_dump(hcm(module).pop("access_log"))
+    wasm_log = yaml.safe_dump(hcm(wasm).pop("access_log"))
+    assert module_log.count("FILTER_STATE(incontext.") == 7
+    assert module_log == wasm_log.replace("FILTER_STATE(wasm.incontext.", "FILTER_STATE(incontext.")
     assert module == wasm
     assert module_pc == wasm_pc
     assert wasm_filters == ["envoy.filters.http.wasm", "envoy.filters.http.buffer",
@@ -489,6 +497,65 @@ def test_module_config_differs_from_envoy_yaml_only_in_the_filter():
     assert tc["filter_name"] == "incontext", tc
     assert tc["dynamic_module_config"] == {"name": "incontext_module"}, tc
     assert BUILT_MODULE.name == "libincontext_module.so"
+
+
+@pytest.mark.parametrize("config_name,base", [("envoy-budgets.yaml", "envoy.yaml"),
+                                              ("envoy-module-budgets.yaml", "envoy-module.yaml")])
+def test_budget_configs_are_their_base_with_the_rate_limit_filter_before_the_router(
+        config_name, base):
+    """The token budget layouts (docs/operations.md, "Token budgets") are the shipped config
+    of their build with one more HTTP filter, local_ratelimit, right before the router: after
+    everything that holds the request until incontext has decided it. Its charge is the
+    filter state the build publishes, read by the access log under the same name."""
+    budgets, names, pc = _filters_taken_out(load_config(config_name))
+    plain, plain_names, plain_pc = _filters_taken_out(load_config(base))
+    assert (budgets, pc) == (plain, plain_pc)
+    assert names == plain_names[:-1] + ["envoy.filters.http.local_ratelimit",
+                                        "envoy.filters.http.router"]
+    hcm = load_config(config_name)["static_resources"]["listeners"][0]["filter_chains"][0][
+        "filters"][0]["typed_config"]
+    rl = next(f for f in hcm["http_filters"]
+              if f["name"] == "envoy.filters.http.local_ratelimit")["typed_config"]
+    prefix = "incontext." if config_name.startswith("envoy-module") else "wasm.incontext."
+    charge = f"%FILTER_STATE({prefix}charge:PLAIN)%"
+    assert [r["hits_addend"] for r in rl["rate_limits"]] == [{"format": charge}]
+    assert hcm["access_log"][0]["typed_config"]["log_format"]["json_format"][
+        "incontext_charge"] == charge
+    assert rl["always_consume_default_token_bucket"] is False
+
+
+def test_global_budget_layout_charges_what_the_local_one_does_through_the_service():
+    """envoy/envoy-budgets-global.yaml is envoy/envoy-budgets.yaml with the local rate limit
+    filter replaced by the global one (same descriptor, same charge, the domain of
+    deploy/ratelimit/config.yaml) and a gRPC cluster for the service; the service's
+    configuration gives each key the budget the local layout gives it (docs/operations.md)."""
+    glob, names, pc = _filters_taken_out(load_config("envoy-budgets-global.yaml"))
+    local, local_names, local_pc = _filters_taken_out(load_config("envoy-budgets.yaml"))
+    clusters = glob["static_resources"]["clusters"]
+    rls = clusters.pop()
+    assert rls["name"] == "ratelimit"
+    assert rls["typed_extension_protocol_options"][
+        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]["explicit_http_config"] == {
+        "http2_protocol_options": {}}
+    assert (glob, pc) == (local, local_pc)
+    assert names == [n if n != "envoy.filters.http.local_ratelimit" else
+                     "envoy.filters.http.ratelimit" for n in local_names]
+    filters = lambda name: {f["name"]: f["typed_config"] for f in load_config(name)[
+        "static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"][
+        "http_filters"]}
+    g = filters("envoy-budgets-global.yaml")["envoy.filters.http.ratelimit"]
+    loc = filters("envoy-budgets.yaml")["envoy.filters.http.local_ratelimit"]
+    assert g["rate_limits"] == loc["rate_limits"]
+    assert g["rate_limit_service"]["grpc_service"]["envoy_grpc"]["cluster_name"] == "ratelimit"
+    assert g["failure_mode_deny"] is False
+    service = yaml.safe_load((ROOT / "deploy" / "ratelimit" / "config.yaml").read_text())
+    assert service["domain"] == g["domain"] == "incontext"
+    key = loc["rate_limits"][0]["actions"][0]["request_headers"]["descriptor_key"]
+    assert [(d["key"], d["value"], d["rate_limit"]["requests_per_unit"], d["rate_limit"]["unit"])
+            for d in service["descriptors"]] == [
+        (key, e["value"], d["token_bucket"]["max_tokens"], "day")
+        for d in loc["descriptors"] for e in d["entries"]]
+    assert all(d["token_bucket"]["fill_interval"] == "86400s" for d in loc["descriptors"])
 
 
 def test_module_profile_mounts_the_module_where_the_image_has_it(doc):
@@ -548,7 +615,9 @@ def test_render_profile_counts_on_the_render_server(doc):
 
 @pytest.mark.parametrize("config_name", ["envoy.yaml", "envoy-sglang.yaml", "envoy-llamacpp.yaml",
                                          "envoy-render.yaml", "envoy-front.yaml",
-                                         "envoy-module.yaml"])
+                                         "envoy-module.yaml", "envoy-budgets.yaml",
+                                         "envoy-module-budgets.yaml",
+                                         "envoy-budgets-global.yaml"])
 def test_envoy_config_passes_envoy_validate(config_name, tmp_path):
     """`envoy --mode validate` on the shipped file, the wasm path pointed at the built wasm
     (the module found in the directory of the built module): Envoy loads the filter, which
@@ -557,12 +626,13 @@ def test_envoy_config_passes_envoy_validate(config_name, tmp_path):
     binary = envoy_binary()
     if not binary:
         pytest.fail("Envoy binary not found: run scripts/setup.sh", pytrace=False)
-    built = BUILT_MODULE if config_name == "envoy-module.yaml" else BUILT_WASM
+    module = config_name in ("envoy-module.yaml", "envoy-module-budgets.yaml")
+    built = BUILT_MODULE if module else BUILT_WASM
     if not built.is_file():
         pytest.fail(f"{built} is missing: run scripts/build-wasm.sh and scripts/build-module.sh",
                     pytrace=False)
     text = (ROOT / "envoy" / config_name).read_text(encoding="utf-8")
-    if config_name not in ("envoy-front.yaml", "envoy-module.yaml"):
+    if config_name != "envoy-front.yaml" and not module:
         wasm = wasm_filter(yaml.safe_load(text))["typed_config"]["config"]["vm_config"]["code"][
             "local"]["filename"]
         text = text.replace(wasm, str(BUILT_WASM))

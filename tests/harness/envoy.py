@@ -110,6 +110,18 @@ def _hcm(cfg: dict) -> dict:
     raise KeyError("no http_connection_manager in the shipped config")
 
 
+def file_access_logs(cfg: dict) -> List[dict]:
+    """The file access loggers of every HTTP connection manager in a bootstrap."""
+    out = []
+    for listener in cfg.get("static_resources", {}).get("listeners", []):
+        for chain in listener.get("filter_chains", []):
+            for f in chain.get("filters", []):
+                for log in f.get("typed_config", {}).get("access_log", []):
+                    if log.get("name") == "envoy.access_loggers.file":
+                        out.append(log)
+    return out
+
+
 def wasm_filter(cfg: dict, name: str = WASM_FILTER) -> dict:
     for f in _hcm(cfg)["http_filters"]:
         if f["name"] == name:
@@ -121,6 +133,31 @@ def shipped_plugin_config() -> dict:
     """The plugin configuration JSON shipped in envoy/envoy.yaml, parsed."""
     wf = wasm_filter(load_shipped())
     return json.loads(wf["typed_config"]["config"]["configuration"]["value"])
+
+
+def _place(cfg: dict, listen_port: int, admin_port: int, upstream: Tuple[str, int]) -> dict:
+    """Puts a shipped bootstrap on the test's ports and upstream; its `vllm` cluster."""
+    cfg["admin"]["address"]["socket_address"].update(address="127.0.0.1", port_value=admin_port)
+    listener = cfg["static_resources"]["listeners"][0]
+    listener["address"]["socket_address"].update(address="127.0.0.1", port_value=listen_port)
+    vllm = next(c for c in cfg["static_resources"]["clusters"] if c["name"] == "vllm")
+    sa = vllm["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"][
+        "socket_address"]
+    sa.update(address=upstream[0], port_value=upstream[1])
+    return vllm
+
+
+def render_file(name: str, *, listen_port: int, admin_port: int,
+                upstream: Tuple[str, int]) -> dict:
+    """Another shipped layout of envoy/ (e.g. envoy-budgets.yaml) as it is, on the test's
+    ports and upstream, its wasm filter (if any) loading the built wasm."""
+    with open(ROOT / "envoy" / name, encoding="utf-8") as f:
+        cfg = yaml.safe_load(f)
+    _place(cfg, listen_port, admin_port, upstream)
+    for f in _hcm(cfg)["http_filters"]:
+        if f["name"] == WASM_FILTER:
+            f["typed_config"]["config"]["vm_config"]["code"]["local"]["filename"] = str(WASM)
+    return cfg
 
 
 def render(*, wasm_path: str, listen_port: int, admin_port: int, upstream: Tuple[str, int],
@@ -138,14 +175,8 @@ def render(*, wasm_path: str, listen_port: int, admin_port: int, upstream: Tuple
     as ``{"env": "VAR"}``.
     """
     cfg = copy.deepcopy(load_shipped(glue))
-    cfg["admin"]["address"]["socket_address"].update(address="127.0.0.1", port_value=admin_port)
-    listener = cfg["static_resources"]["listeners"][0]
-    listener["address"]["socket_address"].update(address="127.0.0.1", port_value=listen_port)
+    vllm = _place(cfg, listen_port, admin_port, upstream)
     clusters = cfg["static_resources"]["clusters"]
-    vllm = next(c for c in clusters if c["name"] == "vllm")
-    sa = vllm["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"][
-        "socket_address"]
-    sa.update(address=upstream[0], port_value=upstream[1])
     clusters.extend(copy.deepcopy(list(extra_clusters)))
     hcm = _hcm(cfg)
     if trailers:
@@ -296,6 +327,10 @@ class Envoy:
                               plugin_config=plugin_config, remove_filter=remove_filter,
                               extra_clusters=extra_clusters, host_env_keys=host_env_keys,
                               env_key_values=env_key_values, glue=glue, trailers=trailers)
+        # The shipped access log (to /dev/stdout) goes to a file of its own.
+        self.access_log_path = self.workdir / f"{name}.access.log"
+        for log in file_access_logs(self.cfg):
+            log["typed_config"]["path"] = str(self.access_log_path)
         self.config_path.write_text(yaml.safe_dump(self.cfg, sort_keys=False))
         self.proc: Optional[subprocess.Popen] = None
 
@@ -359,6 +394,19 @@ class Envoy:
 
     def log_bytes(self) -> bytes:
         return b"\n".join(p.read_bytes() for p in (self.log_path, self.stdout_path) if p.exists())
+
+    def access_log(self, n: int = 0, timeout: float = 10.0) -> List[dict]:
+        """The access log's JSON lines, once there are at least ``n`` (Envoy writes each when
+        its stream ends, and flushes the file every 100 ms)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            lines = []
+            if self.access_log_path.is_file():
+                text = self.access_log_path.read_text(encoding="utf-8", errors="replace")
+                lines = [json.loads(x) for x in text.splitlines() if x.strip()]
+            if len(lines) >= n or time.monotonic() > deadline:
+                return lines
+            time.sleep(0.05)
 
     def log_tail(self, n=60) -> str:
         return "\n".join(self.log_text().splitlines()[-n:])

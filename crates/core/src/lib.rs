@@ -27,6 +27,7 @@ pub mod estimate;
 pub mod flow;
 pub mod json;
 pub mod plan;
+pub mod publish;
 pub mod reason;
 pub mod report;
 pub mod request;

@@ -152,7 +152,10 @@ impl Http {
     fn apply(exchange: &mut Exchange, shared: &Shared, view: &mut HostView, step: Step) -> bool {
         let (held, applied) = match step {
             Step::Wait => return true,
-            Step::Done(Action::Continue) => return false,
+            Step::Done(Action::Continue) => {
+                publish(exchange, view);
+                return false;
+            }
             Step::Done(Action::Rewrite(mut rewrite)) => {
                 let (end, head) = rewrite.head();
                 let replaced = view
@@ -180,6 +183,7 @@ impl Http {
             }
         };
         exchange.applied(&shared.plugin, view, applied);
+        publish(exchange, view);
         held
     }
 
@@ -199,7 +203,9 @@ impl Http {
             stream: self.id,
             root: self.root,
         };
-        f(&mut self.exchange, &shared, &mut view)
+        let out = f(&mut self.exchange, &shared, &mut view);
+        publish(&mut self.exchange, &mut view);
+        out
     }
 
     /// The answer to this stream's call (the stream is the effective context).
@@ -380,6 +386,17 @@ impl Http {
         self.with(proxy, (), |exchange, shared, view| {
             exchange.on_stream_end(&shared.plugin, view);
         })
+    }
+}
+
+/// Writes what the exchange has to publish (docs/spec.md §9a) as properties, which Envoy
+/// keeps as the stream's filter state `wasm.incontext.*`: before the request goes on, and
+/// when the answer's usage comes. A property the host refuses is left out.
+fn publish(exchange: &mut Exchange, view: &mut HostView) {
+    for (name, value) in exchange.published() {
+        if let Err(e) = view.proxy.set_property(name, value.as_bytes()) {
+            log::debug!("incontext: cannot publish {name} (host status {})", e.0);
+        }
     }
 }
 

@@ -93,6 +93,9 @@ pub trait Proxy {
         body: &[u8],
         timeout_ms: u32,
     ) -> Result<u32, HostError>;
+    /// Sets a property of the effective context's stream: Envoy stores it as the filter
+    /// state `wasm.<path>` (a single-element path).
+    fn set_property(&mut self, path: &str, value: &[u8]) -> Result<(), HostError>;
     /// Makes `context` the one later host calls act for.
     fn set_effective_context(&mut self, context: u32) -> Result<(), HostError>;
     /// Resumes the effective context's paused request.

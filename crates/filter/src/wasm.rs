@@ -76,6 +76,12 @@ extern "C" {
     fn proxy_get_current_time_nanoseconds(time: *mut u64) -> u32;
     fn proxy_continue_stream(stream: u32) -> u32;
     fn proxy_set_effective_context(context_id: u32) -> u32;
+    fn proxy_set_property(
+        path: *const u8,
+        path_size: usize,
+        value: *const u8,
+        value_size: usize,
+    ) -> u32;
     #[allow(clippy::too_many_arguments)]
     fn proxy_http_call(
         upstream: *const u8,
@@ -183,6 +189,13 @@ impl Proxy for Wasm {
             );
             taken(code, data, size)
         }
+    }
+
+    fn set_property(&mut self, path: &str, value: &[u8]) -> Result<(), HostError> {
+        // SAFETY: pointers and lengths of a live str and slice.
+        status(unsafe {
+            proxy_set_property(path.as_ptr(), path.len(), value.as_ptr(), value.len())
+        })
     }
 
     fn remove_header(&mut self, map: MapType, key: &str) -> Result<(), HostError> {

@@ -155,6 +155,11 @@ extern "C" {
         index: usize,
         optional_size: *mut usize,
     ) -> bool;
+    fn envoy_dynamic_module_callback_http_set_filter_state_bytes(
+        filter_envoy_ptr: HttpFilterEnvoyPtr,
+        key: ModuleBuffer,
+        value: ModuleBuffer,
+    ) -> bool;
     fn envoy_dynamic_module_callback_http_add_header(
         filter_envoy_ptr: HttpFilterEnvoyPtr,
         header_type: HttpHeaderType,
@@ -449,6 +454,18 @@ impl Envoy for Filter {
                 self.ptr,
                 header_type(map),
                 module_buffer(name.as_bytes()),
+                module_buffer(value.as_bytes()),
+            )
+        }
+    }
+
+    fn set_filter_state(&mut self, key: &str, value: &str) -> bool {
+        // SAFETY: `self.ptr` is the live stream's; the buffers outlive the call (Envoy
+        // copies them).
+        unsafe {
+            envoy_dynamic_module_callback_http_set_filter_state_bytes(
+                self.ptr,
+                module_buffer(key.as_bytes()),
                 module_buffer(value.as_bytes()),
             )
         }

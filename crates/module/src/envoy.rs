@@ -46,6 +46,9 @@ pub trait Envoy {
         body: &[u8],
         timeout_ms: u64,
     ) -> Option<u64>;
+    /// Sets the stream's filter state `key` (a string Envoy's access logs and rate limits
+    /// read as `%FILTER_STATE(key:PLAIN)%`); `false` when Envoy refused.
+    fn set_filter_state(&mut self, key: &str, value: &str) -> bool;
     /// Resumes a held request.
     fn resume_request(&mut self);
     /// Adds `by` to a counter.

@@ -196,6 +196,17 @@ fn rewrite_body(
     envoy.replace_body(Body::Request, &body) && set_length(envoy, body.len(), declared)
 }
 
+/// Writes what the exchange has to publish (docs/spec.md §9a) as the stream's filter state
+/// `incontext.*`: before the request goes on, and when the answer's usage comes. A value
+/// Envoy refuses is left out.
+fn publish(exchange: &mut Exchange, envoy: &mut dyn Envoy) {
+    for (name, value) in exchange.published() {
+        if !envoy.set_filter_state(name, &value) {
+            log::debug!("incontext: cannot publish {name}");
+        }
+    }
+}
+
 /// Gives the request's body its length: nothing to write when its Content-Length declared it.
 fn set_length(envoy: &mut dyn Envoy, len: usize, declared: Option<usize>) -> bool {
     declared == Some(len)
@@ -308,7 +319,9 @@ impl Stream {
             later: None,
             handed: false,
         };
-        f(&mut self.exchange, &self.shared.plugin, &mut view)
+        let out = f(&mut self.exchange, &self.shared.plugin, &mut view);
+        publish(&mut self.exchange, view.envoy);
+        out
     }
 
     /// Applies a step decided on a body read as `read`, and tells the exchange whether Envoy
@@ -332,8 +345,10 @@ impl Stream {
                     (Held::Go, ok)
                 }
                 Step::Done(Action::Reply(reply)) => {
-                    // Counted first: Envoy may end the stream inside `send_response`.
+                    // Counted and published first: Envoy may end the stream inside
+                    // `send_response`.
                     exchange.applied(plugin, view, true);
+                    publish(exchange, view.envoy);
                     let headers: Vec<(&str, &str)> = reply
                         .headers
                         .iter()

@@ -22,6 +22,7 @@ use super::{
     Action, Host, Metric, Plugin, Reply, RequestBodyStep, RequestHead, RequestHeadStep, Step,
 };
 use crate::dialect::{classify_path, Endpoint};
+use crate::publish::{Decision, Publication};
 use crate::reason::Reason;
 use crate::report::Report;
 use crate::request::{analyze_at, analyze_guessing, Request};
@@ -58,6 +59,8 @@ pub struct Exchange {
     /// What the request side knew, for the answer (set with the conclusion).
     pub(super) budget: Option<Budget>,
     response: Response,
+    /// What is still to publish to the host (docs/spec.md §9a).
+    publication: Publication,
 }
 
 impl Exchange {
@@ -271,7 +274,29 @@ impl Exchange {
         self.budget = concluded.budget;
         self.applying = concluded.applying;
         self.replied = concluded.replied;
+        if self.applying.is_none() {
+            self.decide(true);
+        }
         concluded.step
+    }
+
+    /// The decision is final: it is published (with the budget's cap when it is the one that
+    /// went upstream).
+    fn decide(&mut self, cap_sent: bool) {
+        let Some(report) = self.report.as_ref() else {
+            return;
+        };
+        let budget = self.budget.as_ref();
+        let window = budget.and_then(|b| b.context);
+        let cap = budget.and_then(|b| b.cap).filter(|_| cap_sent);
+        self.publication.decide(Decision::of(report, window, cap));
+    }
+
+    /// The values to publish that were not handed out yet (docs/spec.md §9a): the decision
+    /// once the request is decided (a rewrite or a local reply once the host applied it), the
+    /// answer's usage once it reported the prompt. The glue writes them as they come.
+    pub fn published(&mut self) -> Vec<(&'static str, String)> {
+        self.publication.take()
     }
 
     /// The reply to a call. `None`: not this exchange's call, or nothing to apply.
@@ -391,6 +416,7 @@ impl Exchange {
         let mut ctx = self.ctx(plugin, host);
         if ok {
             ctx.count(metric);
+            self.decide(true);
             return;
         }
         ctx.count(Metric::Unchanged(Reason::Internal));
@@ -403,6 +429,8 @@ impl Exchange {
                 ..report.clone()
             };
         }
+        // The cap the budget names is the one the filter wrote, which did not go upstream.
+        self.decide(false);
     }
 
     /// The upstream's answer head: what to do with its body.
@@ -448,6 +476,7 @@ impl Exchange {
             .on_data(self.budget.as_ref(), data, end_of_stream);
         let mut ctx = self.ctx(plugin, host);
         if let Some(prompt) = answer::told(&mut ctx, self.budget.as_ref(), &out) {
+            self.publication.usage(prompt);
             self.on_usage(&mut ctx, prompt);
         }
         out.edit

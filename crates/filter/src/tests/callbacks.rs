@@ -400,3 +400,45 @@ fn a_tail_count_resumes_the_request_unchanged_or_hands_over_to_the_whole_count()
     assert_eq!(vm.host.metric("incontext_count_skipped"), 2);
     assert_eq!(vm.host.metric("incontext_bound_violations"), 0);
 }
+
+#[test]
+fn the_decision_is_published_in_the_stream_before_the_request_resumes() {
+    let mut vm = Vm::new();
+    let root = vm.root();
+    let (stream, _) = vm.send(root, CHAT);
+    assert!(
+        !vm.host.published.contains_key(&stream),
+        "nothing before the count"
+    );
+    let calls = vm.host.calls();
+    let at = vm.host.trace.len();
+    vm.answer(root, calls[0].1, 200, &count(96));
+    let pairs = |v: &[(&str, String)]| -> Vec<(String, String)> {
+        v.iter().map(|(k, v)| (k.to_string(), v.clone())).collect()
+    };
+    let cap = 4096 - 96;
+    assert_eq!(
+        vm.host.published[&stream],
+        pairs(&[
+            ("incontext.outcome", "rewritten".into()),
+            ("incontext.source", "exact".into()),
+            ("incontext.prompt_tokens", "96".into()),
+            ("incontext.window", "4096".into()),
+            ("incontext.max_tokens", cap.to_string()),
+            ("incontext.charge", "4096".into()),
+        ])
+    );
+    let after: Vec<&str> = vm.host.trace[at..]
+        .iter()
+        .copied()
+        .filter(|c| matches!(*c, "set_property" | "resume_request" | "set_buffer"))
+        .collect();
+    let mut expected = vec!["set_buffer"];
+    expected.extend(["set_property"; 6]);
+    expected.push("resume_request");
+    assert_eq!(after, expected);
+    assert!(
+        !vm.host.published.contains_key(&root),
+        "the root publishes nothing"
+    );
+}

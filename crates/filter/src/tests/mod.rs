@@ -62,6 +62,8 @@ pub(super) struct Fake {
     pub(super) metric_values: HashMap<u32, i64>,
     pub(super) next_token: u32,
     pub(super) events: Vec<Event>,
+    /// The properties set, per context, in order.
+    pub(super) published: HashMap<u32, Vec<(String, String)>>,
     /// Contexts `set_effective_context` refuses.
     pub(super) refuse_context: Vec<u32>,
     pub(super) level: Option<u32>,
@@ -246,6 +248,12 @@ impl Proxy for Fake {
             return Err(HostError(2));
         }
         self.effective = context;
+        Ok(())
+    }
+    fn set_property(&mut self, path: &str, value: &[u8]) -> Result<(), HostError> {
+        self.host_call("set_property")?;
+        let value = String::from_utf8_lossy(value).into_owned();
+        (self.published.entry(self.effective).or_default()).push((path.to_string(), value));
         Ok(())
     }
     fn resume_request(&mut self) -> Result<(), HostError> {

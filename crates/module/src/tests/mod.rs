@@ -55,6 +55,8 @@ struct Fake {
     reads: usize,
     /// How many times a request header was set or removed.
     request_sets: usize,
+    /// The filter state set, in order, with how many resumes came before each.
+    state: Vec<(String, String, usize)>,
 }
 
 impl Fake {
@@ -141,6 +143,10 @@ impl Envoy for Fake {
         self.callouts
             .push((cluster.to_string(), headers, body.to_vec()));
         Some(self.callouts.len() as u64 + 6)
+    }
+    fn set_filter_state(&mut self, key: &str, value: &str) -> bool {
+        (self.state).push((key.to_string(), value.to_string(), self.resumed));
+        true
     }
     fn resume_request(&mut self) {
         self.resumed += 1;
@@ -254,12 +260,31 @@ fn a_budgeted_request_is_held_until_its_count_then_rewritten_with_its_length() {
     assert_eq!(header(headers, ":authority"), Some("vllm:8000"));
     assert_eq!(f.request_body, body);
 
+    assert!(f.state.is_empty(), "nothing published before the decision");
     let reply = tokenizer_answer(1000);
     s.callout_done(&mut f, 7, &answer(&reply));
     assert_eq!(f.resumed, 1);
     let sent: serde_json::Value = serde_json::from_slice(&f.request_body).unwrap();
     assert_eq!(sent["max_tokens"], 32768 - 1000);
     assert_counted_rewrite(&names, &f);
+    // The decision is Envoy's filter state before the request resumes (0 resumes before).
+    let state = |pairs: &[(&str, u64)]| -> Vec<(String, String, usize)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string(), 0))
+            .collect()
+    };
+    let mut expected = vec![
+        ("incontext.outcome".to_string(), "rewritten".to_string(), 0),
+        ("incontext.source".to_string(), "exact".to_string(), 0),
+    ];
+    expected.extend(state(&[
+        ("incontext.prompt_tokens", 1000),
+        ("incontext.window", 32768),
+        ("incontext.max_tokens", 32768 - 1000),
+        ("incontext.charge", 32768),
+    ]));
+    assert_eq!(f.state, expected);
 
     // The report goes out with the answer.
     f.response_headers = vec![(":status".into(), "200".into())];
@@ -307,6 +332,14 @@ fn a_request_that_is_not_budgeted_passes_at_once() {
     assert_eq!(
         counted(&names, &f),
         counts(&[("incontext_requests", 1), ("incontext_unchanged_method", 1)])
+    );
+    assert_eq!(
+        f.state,
+        [(
+            "incontext.outcome".to_string(),
+            "unchanged:method".to_string(),
+            0
+        )]
     );
 }
 

@@ -6,6 +6,7 @@ mod forms;
 mod guess;
 mod modules;
 mod partial;
+mod publish;
 mod routes;
 mod skip;
 pub(crate) mod support;

@@ -12,9 +12,11 @@
 //! budgeted requests. Each backend's wordings are in its own module (`backend::vllm`, `sglang`, `llamacpp`).
 //!
 //! An answer may end in trailers instead of a last body chunk: the trailers are its end, and
-//! what the filter holds goes out before them, edited as at the end of a body. Bytes added
-//! then must join bytes the host still buffers, so while an editor holds bytes back, the host
-//! keeps what passed the editor before them ([`Response::holds`]).
+//! what the filter holds goes out before them, edited as at the end of a body. A host that
+//! can add bytes only to what it still buffers (proxy-wasm) keeps what passed the editor
+//! before held bytes ([`Response::host_keeps`]): always for an error or a JSON answer, and for
+//! a stream only when its head announced trailers, so that a stream's complete events reach
+//! the client as they arrive.
 
 pub mod errors;
 pub mod stop;
@@ -63,6 +65,8 @@ pub struct Head<'a> {
     pub content_length: Option<&'a str>,
     /// The answer has no body.
     pub end_of_stream: bool,
+    /// The head announces trailers (a `Trailer` header).
+    pub trailers: bool,
 }
 
 /// What to do with the answer's headers.
@@ -146,6 +150,8 @@ pub struct Response {
     /// The bytes the host keeps while the editor holds bytes after them (what passed the
     /// editor since it last held nothing).
     waiting: usize,
+    /// The head announced trailers.
+    trailers: bool,
 }
 
 fn is_identity(encoding: Option<&str>) -> bool {
@@ -172,6 +178,7 @@ impl Response {
         self.mode = Mode::Pass;
         self.usage = None;
         self.waiting = 0;
+        self.trailers = head.trailers;
         let Some(budget) = budget else {
             return HeadStep::Pass;
         };
@@ -254,6 +261,7 @@ impl Response {
 
     fn edit(&mut self, budget: Option<&Budget>, data: &[u8], end_of_stream: bool) -> Data {
         let bounded = matches!(self.mode, Mode::Sse(_));
+        let keeps = self.keeps_passed();
         if let Some(editor) = self.mode.editor() {
             let mut edit = editor.chunk(data, end_of_stream);
             let window_stop = editor.take_edited();
@@ -262,7 +270,10 @@ impl Response {
                 Edit::Replace(r) => r.len(),
             };
             // What the host keeps while the editor holds bytes back.
-            let mut waiting = self.waiting.saturating_add(sent);
+            let mut waiting = match keeps {
+                true => self.waiting.saturating_add(sent),
+                false => 0,
+            };
             // An SSE stream waits only up to the bound (a JSON body is read whole by its
             // client anyway): beyond it, everything passes unchanged.
             if bounded
@@ -322,6 +333,20 @@ impl Response {
             Mode::Json(e) => e.held() > 0,
             Mode::Sse(e) => e.held() > 0,
         }
+    }
+
+    /// Whether a host that adds bytes at the trailers only to what it still buffers must keep
+    /// the chunk just read (as edited) with what it kept before: while the filter holds bytes
+    /// of an error or a JSON answer, and of a stream whose head announced trailers. A stream's
+    /// complete events otherwise pass at once, and only its partial event waits: if trailers
+    /// it did not announce end it then, that event cannot go before them on such a host (no
+    /// client dispatches an event cut before its blank line).
+    pub fn host_keeps(&self) -> bool {
+        self.holds() && self.keeps_passed()
+    }
+
+    fn keeps_passed(&self) -> bool {
+        !matches!(self.mode, Mode::Sse(_)) || self.trailers
     }
 }
 

@@ -6,6 +6,8 @@
 //!   the filter knows of the prompt; every other answer passes byte for byte;
 //! * an Anthropic answer ended by the window the filter wrote reports
 //!   `model_context_window_exceeded` (`stop`), streamed through;
+//! * a stream a server ends with an error event when its context fills reaches the client as
+//!   the dialect's end of an answer the window ended (`overflow`);
 //! * the window the server named is learned (the flow stores it).
 //!
 //! Successful answers are never held: only error answers are buffered, and only those of
@@ -19,6 +21,7 @@
 //! the client as they arrive.
 
 pub mod errors;
+pub mod overflow;
 pub mod stop;
 pub mod usage;
 pub mod window;
@@ -152,6 +155,8 @@ pub struct Response {
     waiting: usize,
     /// The head announced trailers.
     trailers: bool,
+    /// A stream whose server may end it when its context fills.
+    overflow: Option<overflow::Overflow>,
 }
 
 fn is_identity(encoding: Option<&str>) -> bool {
@@ -179,6 +184,7 @@ impl Response {
         self.usage = None;
         self.waiting = 0;
         self.trailers = head.trailers;
+        self.overflow = None;
         let Some(budget) = budget else {
             return HeadStep::Pass;
         };
@@ -186,8 +192,9 @@ impl Response {
             return HeadStep::Pass;
         }
         let media = media_type(head.content_type);
+        let fills = crate::backend::fills_mid_answer(budget.backend);
         match head.status {
-            Some(400..=499) if translate => {
+            Some(status @ 400..=500) if translate && (status < 500 || fills) => {
                 let small = head.content_length.is_none_or(|l| {
                     l.trim()
                         .parse::<usize>()
@@ -207,7 +214,10 @@ impl Response {
                 if budget.usage {
                     self.usage = Some(usage::Usage::new(stream));
                 }
-                match budget.window_cap {
+                if stream && fills && translate {
+                    self.overflow = Some(overflow::Overflow::new(budget.backend, budget.dialect));
+                }
+                let step = match budget.window_cap {
                     Some(cap) if budget.dialect == Dialect::Anthropic => {
                         self.mode = match stream {
                             true => Mode::Sse(stop::Sse::new(cap)),
@@ -220,6 +230,10 @@ impl Response {
                         HeadStep::Observe
                     }
                     _ => HeadStep::Pass,
+                };
+                match self.overflow {
+                    Some(_) => HeadStep::Watch,
+                    None => step,
                 }
             }
             _ => HeadStep::Pass,
@@ -229,6 +243,9 @@ impl Response {
     /// A body chunk arrived; `size` is what is buffered (the whole body so far when
     /// holding, else this chunk).
     pub fn on_body(&mut self, size: usize, end_of_stream: bool) -> BodyStep {
+        if self.overflow.is_some() {
+            return BodyStep::Read;
+        }
         match self.mode {
             Mode::Pass => BodyStep::Continue,
             Mode::Error if size > MAX_ERROR_BYTES => {
@@ -259,7 +276,23 @@ impl Response {
         }
     }
 
+    /// The mode's edit, then the stream's full context.
     fn edit(&mut self, budget: Option<&Budget>, data: &[u8], end_of_stream: bool) -> Data {
+        let mut out = self.edit_mode(budget, data, end_of_stream);
+        if let Some(o) = self.overflow.as_mut() {
+            let passed = match &out.edit {
+                Edit::Keep => data,
+                Edit::Replace(r) => r,
+            };
+            if let Edit::Replace(r) = o.chunk(passed, end_of_stream) {
+                out.edit = Edit::Replace(r);
+            }
+            out.window_stop |= o.take_edited();
+        }
+        out
+    }
+
+    fn edit_mode(&mut self, budget: Option<&Budget>, data: &[u8], end_of_stream: bool) -> Data {
         let bounded = matches!(self.mode, Mode::Sse(_));
         let keeps = self.keeps_passed();
         if let Some(editor) = self.mode.editor() {
@@ -327,12 +360,12 @@ impl Response {
     /// of a watched answer, with `end_of_stream`, and adds what comes back to what the host
     /// keeps.
     pub fn holds(&self) -> bool {
-        match &self.mode {
+        (match &self.mode {
             Mode::Pass | Mode::Observe => false,
             Mode::Error => true,
             Mode::Json(e) => e.held() > 0,
             Mode::Sse(e) => e.held() > 0,
-        }
+        }) || self.overflow.as_ref().is_some_and(|o| o.held() > 0)
     }
 
     /// Whether a host that adds bytes at the trailers only to what it still buffers must keep
@@ -346,7 +379,7 @@ impl Response {
     }
 
     fn keeps_passed(&self) -> bool {
-        !matches!(self.mode, Mode::Sse(_)) || self.trailers
+        !(matches!(self.mode, Mode::Sse(_)) || self.overflow.is_some()) || self.trailers
     }
 }
 

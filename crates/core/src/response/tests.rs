@@ -548,3 +548,100 @@ fn complete_events_pass_at_once_and_only_a_partial_event_waits() {
     assert_eq!(d.edit, Edit::Replace(big.into_bytes()));
     assert!(!r.holds());
 }
+
+const LLAMA_FULL: &str =
+    r#"{"error":{"code":500,"message":"Context size has been exceeded.","type":"server_error"}}"#;
+
+#[test]
+fn llamacpp_full_context_before_any_output_is_the_window_error() {
+    let b = |dialect| Budget {
+        backend: Backend::Llamacpp,
+        ..budget(dialect)
+    };
+    let wants = [
+        (
+            Dialect::OpenAi,
+            r#"{"error":{"message":"This model's maximum context length is 4096 tokens. However, your messages resulted in 4096 tokens (3000 in the messages, 1096 in the completion). Please reduce the length of the messages or completion.","type":"invalid_request_error","param":"messages","code":"context_length_exceeded"}}"#,
+        ),
+        (
+            Dialect::Anthropic,
+            r#"{"type":"error","error":{"type":"invalid_request_error","message":"input length and `max_tokens` exceed context limit: 3000 + 1096 > 4096, decrease input length or `max_tokens` and try again"}}"#,
+        ),
+    ];
+    for (dialect, want) in wants {
+        let mut r = Response::default();
+        let step = r.on_headers(Some(&b(dialect)), true, &head(500, "application/json"));
+        assert_eq!(step, HeadStep::Hold);
+        assert_eq!(r.on_body(LLAMA_FULL.len(), true), BodyStep::Read);
+        let d = r.on_data(Some(&b(dialect)), LLAMA_FULL.as_bytes(), true);
+        assert_eq!(d.edit, Edit::Replace(want.as_bytes().to_vec()));
+        // No window is learned from it: it names none.
+        assert_eq!(d.translated.map(|e| e.context), Some(None));
+    }
+    // Another server's 500, and llama.cpp's other 500s: not held, or byte for byte.
+    let mut r = Response::default();
+    let vllm = budget(Dialect::OpenAi);
+    assert_eq!(
+        r.on_headers(Some(&vllm), true, &head(500, "application/json")),
+        HeadStep::Pass
+    );
+    let other = LLAMA_FULL.replace("Context size has been exceeded.", "Compute error.");
+    let mut r = Response::default();
+    r.on_headers(
+        Some(&b(Dialect::OpenAi)),
+        true,
+        &head(500, "application/json"),
+    );
+    let d = r.on_data(Some(&b(Dialect::OpenAi)), other.as_bytes(), true);
+    assert_eq!((d.edit, d.translated), (Edit::Keep, None));
+    // Translation off: passes.
+    let mut r = Response::default();
+    let step = r.on_headers(
+        Some(&b(Dialect::OpenAi)),
+        false,
+        &head(500, "application/json"),
+    );
+    assert_eq!(step, HeadStep::Pass);
+}
+
+#[test]
+fn llamacpp_streams_are_watched_for_the_full_context() {
+    let b = Budget {
+        backend: Backend::Llamacpp,
+        ..budget(Dialect::OpenAi)
+    };
+    let chunk = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\"}}]}\n\n";
+    let full = format!("data: {LLAMA_FULL}\n\n");
+    let stream = [chunk, &full].concat();
+    let want = [chunk, "data: {\"choices\":[{\"index\":0,\"delta\":{},\"text\":\"\",\"finish_reason\":\"length\"}]}\n\ndata: [DONE]\n\n"].concat();
+    let sse = head(200, "text/event-stream");
+    for a in 0..=stream.len() {
+        let chunks = [&stream.as_bytes()[..a], &stream.as_bytes()[a..]];
+        let mut r = Response::default();
+        let (out, edits, arrived) = through_each(&mut r, &b, &sse, &chunks, false);
+        assert_eq!(
+            (String::from_utf8(out).unwrap(), edits),
+            (want.clone(), 1),
+            "cut {a}"
+        );
+        // The chunk event passes once its first line has ended or is past what names it; the
+        // error waits.
+        let first = match a {
+            a if a == stream.len() => want.len(),
+            a if a >= chunk.len() => chunk.len(),
+            // Its line ends 2 bytes before its end.
+            a if a > overflow::MAX_FIRST_LINE || a > chunk.len() - 2 => a,
+            _ => 0,
+        };
+        assert_eq!(arrived[0], first, "cut {a}");
+    }
+    let mut r = Response::default();
+    assert_eq!(r.on_headers(Some(&b), true, &sse), HeadStep::Watch);
+    // Not for another backend, nor with translation off.
+    let mut r = Response::default();
+    assert_eq!(
+        r.on_headers(Some(&budget(Dialect::OpenAi)), true, &sse),
+        HeadStep::Pass
+    );
+    assert_eq!(r.on_headers(Some(&b), false, &sse), HeadStep::Pass);
+}

@@ -37,7 +37,12 @@ class LlamaServer:
     """One llama-server started with scripts/llamacpp.sh, with its own state directory (pid,
     port and log files), so it never clashes with a demo instance under .cache/."""
 
-    def __init__(self, state_dir: Path, port: Optional[int] = None):
+    def __init__(self, state_dir: Path, port: Optional[int] = None, ctx: Optional[int] = None,
+                 args: tuple = ()):
+        """``ctx``: its --ctx-size (scripts/llamacpp.sh's default else); ``args``: more
+        llama-server arguments (after the script's own, so they win)."""
+        self.ctx = ctx
+        self.args = tuple(args)
         self.state_dir = Path(state_dir)
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.port = port or free_port()
@@ -54,6 +59,8 @@ class LlamaServer:
 
     def _run(self, *args, timeout=300) -> subprocess.CompletedProcess:
         env = dict(os.environ, INCONTEXT_LLAMACPP_STATE=str(self.state_dir))
+        if self.ctx is not None:
+            env["INCONTEXT_LLAMACPP_CTX"] = str(self.ctx)
         return subprocess.run(["bash", str(LLAMACPP_SH), *args], env=env, cwd=ROOT,
                               capture_output=True, text=True, timeout=timeout,
                               stdin=subprocess.DEVNULL)
@@ -61,7 +68,7 @@ class LlamaServer:
     def start(self):
         t0 = time.monotonic()
         try:
-            out = self._run("start", str(self.port))
+            out = self._run("start", str(self.port), *self.args)
         except subprocess.TimeoutExpired as e:
             self.stop()
             raise StackError(f"scripts/llamacpp.sh start timed out after {e.timeout}s\n"

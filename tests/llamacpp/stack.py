@@ -19,7 +19,8 @@ from typing import Dict, List, Optional
 
 import httpx
 
-from tests.harness.envoy import WASM, Envoy, envoy_binary, free_port, no_filter  # noqa: F401
+from tests.harness.envoy import (MODULE, WASM, Envoy, envoy_binary, free_port,  # noqa: F401
+                                 no_filter)
 from tests.harness.servers import StackError  # noqa: F401 (re-exported)
 
 HERE = Path(__file__).resolve().parent
@@ -142,14 +143,17 @@ def plugin_config(server_port: int) -> dict:
     }
 
 
-def start_envoy(workdir: Path, name: str, upstream_port: int, config: dict) -> Envoy:
+def start_envoy(workdir: Path, name: str, upstream_port: int, config: dict,
+                glue: str = "wasm") -> Envoy:
+    """``glue``: the build, "wasm" or "module" (the native dynamic module)."""
     binary = envoy_binary()
     if not binary:
         raise StackError("Envoy binary not found: run scripts/setup.sh (or set ENVOY_BIN)")
-    if not WASM.is_file() and not no_filter():
-        raise StackError(f"{WASM} is missing: run scripts/setup.sh (scripts/build-wasm.sh)")
+    artifact = {"wasm": WASM, "module": MODULE}[glue]
+    if not artifact.is_file() and not no_filter():
+        raise StackError(f"{artifact} is missing: run scripts/build-{glue}.sh")
     env = Envoy(binary, workdir, config, ("127.0.0.1", upstream_port),
-                remove_filter=no_filter(), name=name)
+                remove_filter=no_filter(), name=name, glue=glue)
     return env.start()
 
 

@@ -14,6 +14,7 @@ gets the signal its agents classify as a full window (docs/agents.md):
   and C (Codex, OpenCode, Qwen Code; the openai SDK's `code`), status 500 as the server sent.
 
 Straight to llama-server the same requests get its own error, which no agent classifies.
+Both builds (wasm and the native module) run.
 """
 
 from __future__ import annotations
@@ -44,11 +45,14 @@ def shared(tmp_path_factory):
     server.stop()
 
 
-@pytest.fixture(scope="module")
-def through(shared, tmp_path_factory):
+@pytest.fixture(scope="module", params=["wasm", "module"])
+def through(request, shared, tmp_path_factory):
+    """Envoy + incontext in front of it, each build in turn."""
+    glue = request.param
     try:
-        env = start_envoy(tmp_path_factory.mktemp("llamacpp-shared-envoy"),
-                          "envoy-llamacpp-shared", shared.port, plugin_config(shared.port))
+        env = start_envoy(tmp_path_factory.mktemp(f"llamacpp-shared-{glue}"),
+                          f"envoy-llamacpp-shared-{glue}", shared.port,
+                          plugin_config(shared.port), glue=glue)
     except Exception as e:  # noqa: BLE001 - any failure to start Envoy fails the tests
         pytest.fail(f"Envoy with the llamacpp backend could not be started: {e}",
                     pytrace=False)

@@ -95,11 +95,24 @@ def post_json(port, path, body):
     return json.loads(out)
 
 
+def as_chat_renders(messages):
+    """The messages as vLLM's chat endpoint gives them to the template: an assistant turn's
+    `reasoning_content` as `reasoning` (its `/tokenize` leaves `reasoning_content` out)."""
+    out = []
+    for m in messages:
+        m = dict(m)
+        if "reasoning_content" in m and m.get("reasoning") is None:
+            m["reasoning"] = m.pop("reasoning_content")
+        out.append(m)
+    return out
+
+
 def exact_count(port, dialect, body):
     """vLLM's own count of this request, and how long the server took for it."""
     t0 = time.perf_counter()
     if api(dialect) == "openai":
-        reply = post_json(port, "/tokenize", {"model": body["model"], "messages": body["messages"],
+        reply = post_json(port, "/tokenize", {"model": body["model"],
+                                              "messages": as_chat_renders(body["messages"]),
                                               "tools": body["tools"]})
         n = reply["count"]
     else:

@@ -301,6 +301,7 @@ WINDOW_RAW = [
     json.dumps({"type": "error", "error": {"type": "BadRequestError", "message": "max_tokens=32000 cannot be greater than max_model_len=4096. Please request fewer output tokens. (parameter=max_tokens, value=32000)"}}),
     json.dumps({"error": {"message": 7}, "message": "The input (5 tokens) is longer than the model's context length (4 tokens)."}),
     "<html>400</html>",
+    json.dumps({"error": {"code": 500, "message": "Context size has been exceeded.", "type": "server_error"}}),
 ]
 
 

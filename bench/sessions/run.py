@@ -37,7 +37,16 @@ B = 16000
 R = 4096
 CLK = os.sysconf("SC_CLK_TCK")
 DIALECTS = {"openai": "OpenAI chat with tools",
-            "anthropic": "Anthropic Messages, tool_use / tool_result"}
+            "anthropic": "Anthropic Messages, tool_use / tool_result",
+            "openai-reasoning_content": "OpenAI chat with tools, `reasoning_content` on every "
+                                        "assistant turn",
+            "openai-reasoning": "OpenAI chat with tools, `reasoning` on every assistant turn",
+            "anthropic-thinking": "Anthropic Messages, a `thinking` block on every assistant turn"}
+
+
+def api(dialect):
+    """The API a session dialect speaks: "openai" or "anthropic"."""
+    return dialect.split("-")[0]
 
 
 def cpu_s(pid):
@@ -86,11 +95,24 @@ def post_json(port, path, body):
     return json.loads(out)
 
 
+def as_chat_renders(messages):
+    """The messages as vLLM's chat endpoint gives them to the template: an assistant turn's
+    `reasoning_content` as `reasoning` (its `/tokenize` leaves `reasoning_content` out)."""
+    out = []
+    for m in messages:
+        m = dict(m)
+        if "reasoning_content" in m and m.get("reasoning") is None:
+            m["reasoning"] = m.pop("reasoning_content")
+        out.append(m)
+    return out
+
+
 def exact_count(port, dialect, body):
     """vLLM's own count of this request, and how long the server took for it."""
     t0 = time.perf_counter()
-    if dialect == "openai":
-        reply = post_json(port, "/tokenize", {"model": body["model"], "messages": body["messages"],
+    if api(dialect) == "openai":
+        reply = post_json(port, "/tokenize", {"model": body["model"],
+                                              "messages": as_chat_renders(body["messages"]),
                                               "tools": body["tools"]})
         n = reply["count"]
     else:
@@ -214,9 +236,12 @@ def prometheus_histogram(admin):
 def conversations(dialect, names, tag, turns, seed):
     """The API path of `dialect` and one conversation (its request bodies) per name, each its
     own (its own prefix-cache entries on the server)."""
-    path = "/v1/chat/completions" if dialect == "openai" else "/v1/messages"
-    make = sessions.openai_session if dialect == "openai" else sessions.anthropic_session
-    return path, {name: make(MODEL, f"{name}-{dialect}-{seed}-{tag}", turns, seed, B)
+    openai = api(dialect) == "openai"
+    path = "/v1/chat/completions" if openai else "/v1/messages"
+    make = sessions.openai_session if openai else sessions.anthropic_session
+    # The member of a chat turn that carries its reasoning; any for an Anthropic thinking block.
+    reasoning = dialect.split("-", 1)[1] if "-" in dialect else None
+    return path, {name: make(MODEL, f"{name}-{dialect}-{seed}-{tag}", turns, seed, B, reasoning)
                   for name in names}
 
 

@@ -1,5 +1,9 @@
 """Agent sessions to replay: an OpenAI chat with tools and an Anthropic Messages exchange with
-tool_use / tool_result, each a list of requests that grow turn by turn as an agent's do.
+tool_use / tool_result, each a list of requests that grow turn by turn as an agent's do; with
+`reasoning`, every assistant turn also carries the reasoning that came before its tool call
+(OpenAI chat: in the member `reasoning` names, `reasoning_content` as agents send it or
+`reasoning`, which vLLM 0.32 gives the template; an Anthropic `thinking` block), as reasoning
+agents send their history back (Qwen3's template keeps it only after the last user message).
 
 Everything is deterministic (seeded): the assistant turns are scripted (a tiny model with
 random weights cannot play the agent), the tool results are code- and log-like text of a few
@@ -77,10 +81,19 @@ def anthropic_tools():
 STREAM_OPTIONS = {"include_usage": True, "continuous_usage_stats": True}
 
 
-def openai_session(model, tag, turns, seed, cap):
-    """The request bodies (dicts) of each turn, streamed, with the caller's cap."""
+def thoughts(seed, turns):
+    """A reasoning text for each turn (deterministic): 80 to 400 words."""
+    rng = random.Random(seed * 7919 + 1)
+    return [("Let me think. " + " ".join(rng.choice(WORDS) for _ in range(rng.randint(80, 400)))
+             + ".") for _ in range(turns)]
+
+
+def openai_session(model, tag, turns, seed, cap, reasoning=None):
+    """The request bodies (dicts) of each turn, streamed, with the caller's cap; `reasoning`:
+    the assistant message's member that carries its reasoning (none without)."""
     messages = [{"role": "system", "content": f"[{tag}] {SYSTEM}"}]
     bodies = []
+    thought = thoughts(seed, turns)
     for t, (user, name, args, output) in enumerate(script(turns, seed)):
         if user:
             messages.append({"role": "user", "content": user})
@@ -88,17 +101,21 @@ def openai_session(model, tag, turns, seed, cap):
                        "tools": openai_tools(), "max_tokens": cap, "stream": True,
                        "stream_options": STREAM_OPTIONS})
         call = f"call_{seed}_{t}"
-        messages.append({"role": "assistant", "content": f"Step {t + 1}: using {name}.",
-                         "tool_calls": [{"id": call, "type": "function", "function": {
-                             "name": name, "arguments": json.dumps(args)}}]})
+        turn = {"role": "assistant", "content": f"Step {t + 1}: using {name}.",
+                "tool_calls": [{"id": call, "type": "function", "function": {
+                    "name": name, "arguments": json.dumps(args)}}]}
+        if reasoning:
+            turn[reasoning] = thought[t]
+        messages.append(turn)
         messages.append({"role": "tool", "tool_call_id": call, "content": output})
     return bodies
 
 
-def anthropic_session(model, tag, turns, seed, cap):
+def anthropic_session(model, tag, turns, seed, cap, reasoning=False):
     messages = []
     bodies = []
     pending_results = None
+    thought = thoughts(seed, turns)
     for t, (user, name, args, output) in enumerate(script(turns, seed)):
         content = list(pending_results or [])
         if user:
@@ -108,7 +125,9 @@ def anthropic_session(model, tag, turns, seed, cap):
                        "messages": json.loads(json.dumps(messages)), "tools": anthropic_tools(),
                        "max_tokens": cap, "stream": True})
         use = f"toolu_{seed}_{t}"
-        messages.append({"role": "assistant", "content": [
+        thinking = ([{"type": "thinking", "thinking": thought[t], "signature": f"sig-{seed}-{t}"}]
+                    if reasoning else [])
+        messages.append({"role": "assistant", "content": thinking + [
             {"type": "text", "text": f"Step {t + 1}: using {name}."},
             {"type": "tool_use", "id": use, "name": name, "input": args}]})
         pending_results = [{"type": "tool_result", "tool_use_id": use, "content": output}]

@@ -205,6 +205,9 @@ fn through_response(
         } else {
             "application/json"
         }),
+        // Announced: the host keeps what passed before held bytes, so they can go before
+        // the trailers.
+        trailers,
         ..Head::default()
     };
     let mut r = Response::default();
@@ -219,18 +222,18 @@ fn through_response(
             buffer.truncate(*kept);
             buffer.extend_from_slice(&new);
         }
-        *kept = if r.holds() { buffer.len() } else { 0 };
+        *kept = if r.host_keeps() { buffer.len() } else { 0 };
     };
     for (i, piece) in pieces.iter().enumerate() {
         buffer.extend_from_slice(piece);
         let end = !trailers && i + 1 == pieces.len();
         assert_eq!(r.on_body(buffer.len(), end), BodyStep::Read);
         read(&mut r, &mut buffer, &mut kept, end);
-        if !r.holds() {
+        if !r.host_keeps() {
             out.append(&mut buffer);
         }
     }
-    if trailers && r.holds() {
+    if trailers && r.host_keeps() {
         read(&mut r, &mut buffer, &mut kept, true);
     }
     assert!(!r.holds(), "held after the trailers");

@@ -11,13 +11,14 @@
 
 import json
 
+import httpx
 import pytest
 
 from tests.e2e.common import C, F, MAIN, chat, dumps, h2_post
 from tests.e2e.test_answers import (PROMPT_TOO_LONG, STREAM_HEAD, anthropic_json, messages_body,
                                     pieces, scripted, sse, vllm_error)
 from tests.harness.spec import estimate
-from tests.harness.upstream import Answer, ok
+from tests.harness.upstream import Answer, Gate, ok
 
 TRAILERS = [("x-upstream-trailer", "t1"), ("x-checksum", "abc")]
 WINDOW_STOP = b'"stop_reason":"model_context_window_exceeded"'
@@ -92,16 +93,19 @@ def test_window_error_ending_in_trailers_is_translated(tp, upstream):
     assert "incontext_translated" not in delta, delta
 
 
+ANNOUNCED = ("Trailer", "x-upstream-trailer, x-checksum")
+
+
 def test_stream_ending_in_trailers_mid_event(tp, upstream):
-    """A CR-framed stream whose message_delta, its last event, ends in trailers without its
-    blank line: the event goes before them, rewritten."""
+    """A CR-framed stream whose message_delta, its last event, ends in the trailers its head
+    announced without its blank line: the event goes before them, rewritten."""
     delta_event = sse([("message_delta", {"type": "message_delta",
                                           "delta": {"stop_reason": "max_tokens"},
                                           "usage": {"output_tokens": 999999}})])
     delta_event = delta_event.replace(b"999999", b"{max_tokens}").rstrip(b"\n")
     stream = (sse(STREAM_HEAD) + delta_event).replace(b"\n", b"\r")
     answer = Answer(200, [stream[:60], stream[60:]], trailers=TRAILERS,
-                    headers=[("Content-Type", "text/event-stream")])
+                    headers=[("Content-Type", "text/event-stream"), ANNOUNCED])
     a, _, delta = post_h2(tp, "/v1/messages", messages_body(stream=True), upstream, answer)
     value = dict(a.headers)["x-incontext-max-tokens"]
     want = stream.replace(b"{max_tokens}", value.encode()).replace(
@@ -109,3 +113,87 @@ def test_stream_ending_in_trailers_mid_event(tp, upstream):
     assert a.body == want, a.body
     assert a.trailers == TRAILERS
     assert delta.get("incontext_window_stop") == 1, delta
+
+
+
+def test_stream_ending_in_unannounced_trailers_mid_event(tp, upstream, glue):
+    """The same stream without the announcement: its complete events passed as they came, so
+    the wasm build has nothing the partial event could join at the trailers and ends the
+    answer without it (no client dispatches an event cut before its blank line); the module
+    adds it before them, rewritten."""
+    delta_event = sse([("message_delta", {"type": "message_delta",
+                                          "delta": {"stop_reason": "max_tokens"},
+                                          "usage": {"output_tokens": 999999}})])
+    delta_event = delta_event.replace(b"999999", b"{max_tokens}").rstrip(b"\n")
+    head = sse(STREAM_HEAD).replace(b"\n", b"\r")
+    stream = head + delta_event.replace(b"\n", b"\r")
+    answer = Answer(200, [stream[:len(head) + 30], stream[len(head) + 30:]], trailers=TRAILERS,
+                    headers=[("Content-Type", "text/event-stream")])
+    a, _, delta = post_h2(tp, "/v1/messages", messages_body(stream=True), upstream, answer)
+    value = dict(a.headers)["x-incontext-max-tokens"]
+    want = {"wasm": head,
+            "module": stream.replace(b"{max_tokens}", value.encode()).replace(
+                b'"stop_reason": "max_tokens"',
+                b'"stop_reason": "model_context_window_exceeded"')}[glue]
+    assert a.body == want, a.body
+    assert a.trailers == TRAILERS
+    assert delta.get("incontext_window_stop", 0) == {"wasm": 0, "module": 1}[glue], delta
+
+def _chat_event(i: int, **extra) -> bytes:
+    chunk = {"id": "c", "object": "chat.completion.chunk", "model": "test/model",
+             "choices": [{"index": 0, "delta": {"content": f"part {i} "}, "finish_reason": None}]}
+    chunk.update(extra)
+    return b"data: %s\n\n" % json.dumps(chunk).encode()
+
+
+def _first_arrival(p, path: str, body: dict, upstream, first: bytes, rest: bytes):
+    """The upstream sends ``first`` and holds ``rest`` until the client has read something (or
+    for at most 1.5 s): what the client read before the rest was sent, all it read, and the
+    cap the filter wrote."""
+    gate = Gate(hold_limit=1.5)
+    answer = Answer(200, [first, rest], headers=[("Content-Type", "text/event-stream")],
+                    gate=gate)
+    h = scripted(upstream, answer)
+    got, before = b"", None
+    with httpx.Client(base_url=p.envoy.url, timeout=30) as c:
+        with c.stream("POST", path, content=dumps(body),
+                      headers={"content-type": "application/json", **h}) as r:
+            assert r.status_code == 200
+            value = r.headers.get("x-incontext-max-tokens")
+            for chunk in r.iter_raw():
+                got += chunk
+                if before is None:
+                    before = got
+                    gate.open()
+    return before, got, value
+
+
+def test_complete_events_pass_before_the_rest_arrives(proxy, upstream):
+    """Three complete events and part of a fourth in one chunk, the rest 1.5 s later: the
+    client reads the three complete events before the upstream sends the rest (only the
+    partial event waits), and the whole stream as the upstream sent it, the message_delta
+    rewritten. An OpenAI chat stream (read for its usage, never edited) passes as it comes."""
+    head = sse(STREAM_HEAD + [("content_block_stop", {"type": "content_block_stop",
+                                                       "index": 0})])
+    delta = sse([("message_delta", {"type": "message_delta",
+                                    "delta": {"stop_reason": "max_tokens"},
+                                    "usage": {"output_tokens": 999999}})])
+    delta = delta.replace(b"999999", b"{max_tokens}")
+    stop = sse([("message_stop", {"type": "message_stop"})])
+    first, rest = head + delta[:30], delta[30:] + stop
+    before, got, value = _first_arrival(proxy, "/v1/messages", messages_body(stream=True),
+                                        upstream, first, rest)
+    assert before == head, before
+    want = head + delta.replace(b"{max_tokens}", value.encode()).replace(
+        b'"stop_reason": "max_tokens"', b'"stop_reason": "model_context_window_exceeded"') + stop
+    assert got == want, got
+
+    events = b"".join(_chat_event(i) for i in range(3))
+    last = _chat_event(3, usage={"prompt_tokens": 20, "completion_tokens": 4,
+                                 "total_tokens": 24})
+    first, rest = events + last[:25], last[25:] + b"data: [DONE]\n\n"
+    before, got, _ = _first_arrival(proxy, "/v1/chat/completions", chat(stream=True),
+                                    upstream, first, rest)
+    # A chat stream is only read: the partial event passes with them.
+    assert before == first, before
+    assert got == first + rest, got

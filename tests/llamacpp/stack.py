@@ -19,7 +19,8 @@ from typing import Dict, List, Optional
 
 import httpx
 
-from tests.harness.envoy import WASM, Envoy, envoy_binary, free_port, no_filter  # noqa: F401
+from tests.harness.envoy import (MODULE, WASM, Envoy, envoy_binary, free_port,  # noqa: F401
+                                 no_filter)
 from tests.harness.servers import StackError  # noqa: F401 (re-exported)
 
 HERE = Path(__file__).resolve().parent
@@ -37,7 +38,12 @@ class LlamaServer:
     """One llama-server started with scripts/llamacpp.sh, with its own state directory (pid,
     port and log files), so it never clashes with a demo instance under .cache/."""
 
-    def __init__(self, state_dir: Path, port: Optional[int] = None):
+    def __init__(self, state_dir: Path, port: Optional[int] = None, ctx: Optional[int] = None,
+                 args: tuple = ()):
+        """``ctx``: its --ctx-size (scripts/llamacpp.sh's default else); ``args``: more
+        llama-server arguments (after the script's own, so they win)."""
+        self.ctx = ctx
+        self.args = tuple(args)
         self.state_dir = Path(state_dir)
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.port = port or free_port()
@@ -54,6 +60,8 @@ class LlamaServer:
 
     def _run(self, *args, timeout=300) -> subprocess.CompletedProcess:
         env = dict(os.environ, INCONTEXT_LLAMACPP_STATE=str(self.state_dir))
+        if self.ctx is not None:
+            env["INCONTEXT_LLAMACPP_CTX"] = str(self.ctx)
         return subprocess.run(["bash", str(LLAMACPP_SH), *args], env=env, cwd=ROOT,
                               capture_output=True, text=True, timeout=timeout,
                               stdin=subprocess.DEVNULL)
@@ -61,7 +69,7 @@ class LlamaServer:
     def start(self):
         t0 = time.monotonic()
         try:
-            out = self._run("start", str(self.port))
+            out = self._run("start", str(self.port), *self.args)
         except subprocess.TimeoutExpired as e:
             self.stop()
             raise StackError(f"scripts/llamacpp.sh start timed out after {e.timeout}s\n"
@@ -135,14 +143,17 @@ def plugin_config(server_port: int) -> dict:
     }
 
 
-def start_envoy(workdir: Path, name: str, upstream_port: int, config: dict) -> Envoy:
+def start_envoy(workdir: Path, name: str, upstream_port: int, config: dict,
+                glue: str = "wasm") -> Envoy:
+    """``glue``: the build, "wasm" or "module" (the native dynamic module)."""
     binary = envoy_binary()
     if not binary:
         raise StackError("Envoy binary not found: run scripts/setup.sh (or set ENVOY_BIN)")
-    if not WASM.is_file() and not no_filter():
-        raise StackError(f"{WASM} is missing: run scripts/setup.sh (scripts/build-wasm.sh)")
+    artifact = {"wasm": WASM, "module": MODULE}[glue]
+    if not artifact.is_file() and not no_filter():
+        raise StackError(f"{artifact} is missing: run scripts/build-{glue}.sh")
     env = Envoy(binary, workdir, config, ("127.0.0.1", upstream_port),
-                remove_filter=no_filter(), name=name)
+                remove_filter=no_filter(), name=name, glue=glue)
     return env.start()
 
 

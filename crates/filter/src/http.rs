@@ -308,11 +308,12 @@ impl Http {
                     .add_header(MapType::ResponseHeaders, name, &value);
             }
             let mut read = |name| header(view.proxy, MapType::ResponseHeaders, name);
-            let (Ok(status), Ok(kind), Ok(encoding), Ok(length)) = (
+            let (Ok(status), Ok(kind), Ok(encoding), Ok(length), Ok(trailer)) = (
                 read(":status"),
                 read("content-type"),
                 read("content-encoding"),
                 read("content-length"),
+                read("trailer"),
             ) else {
                 return CONTINUE;
             };
@@ -322,6 +323,7 @@ impl Http {
                 content_encoding: encoding.as_deref(),
                 content_length: length.as_deref(),
                 end_of_stream,
+                trailers: trailer.is_some(),
             };
             match exchange.on_response_head(&shared.plugin, &head) {
                 response::HeadStep::Pass | response::HeadStep::Observe => {}
@@ -370,10 +372,17 @@ impl Http {
 
     /// The answer ends in trailers, the end of its body with no more bytes: what the filter
     /// holds goes out before them, edited as at the end of a body, after what the host still
-    /// buffers (and an answer read for its usage is read to its end).
+    /// buffers (and an answer read for its usage is read to its end). A stream's partial
+    /// event held while the host kept nothing (the head announced no trailers) has nothing to
+    /// join: it cannot go out, and the answer ends as it passed.
     pub fn on_response_trailers(&mut self, proxy: &mut dyn Proxy) -> u32 {
         let mut kept = std::mem::take(&mut self.kept);
         self.with(proxy, (), |exchange, shared, view| {
+            if exchange.response_holds() && !exchange.response_host_keeps() {
+                log::debug!("incontext: a partial event held at unannounced trailers is dropped");
+                exchange.on_response_host_error();
+                return;
+            }
             if exchange.on_response_body(0, true) == response::BodyStep::Read {
                 edit_answer(exchange, shared, view, usize::MAX, true, &mut kept);
             }
@@ -402,8 +411,9 @@ fn publish(exchange: &mut Exchange, view: &mut HostView) {
 
 /// Reads up to `size` bytes of the answer the host buffers and hands the exchange what did
 /// not pass it yet (after the first `kept` bytes); puts back what it returns. `kept` becomes
-/// what the host keeps: the whole buffer while the filter holds bytes back, else nothing. A
-/// host failure leaves the rest of the answer unwatched.
+/// what the host keeps: the whole buffer while the exchange says it must (the filter holds
+/// bytes back that trailers may have to follow), else nothing. A host failure leaves the rest
+/// of the answer unwatched.
 fn edit_answer(
     exchange: &mut Exchange,
     shared: &Shared,
@@ -438,7 +448,7 @@ fn edit_answer(
             length = out.len();
         }
     }
-    if exchange.response_holds() {
+    if exchange.response_host_keeps() {
         *kept = length;
     }
 }

@@ -483,11 +483,12 @@ impl Stream {
                 view.envoy.add_header(Headers::Response, name, &value);
             }
             let mut read = |name| view.envoy.header(Headers::Response, name);
-            let (status, kind, encoding, length) = (
+            let (status, kind, encoding, length, trailer) = (
                 read(":status"),
                 read("content-type"),
                 read("content-encoding"),
                 read("content-length"),
+                read("trailer"),
             );
             let head = response::Head {
                 status: status.and_then(|s| s.trim().parse().ok()),
@@ -495,6 +496,7 @@ impl Stream {
                 content_encoding: encoding.as_deref(),
                 content_length: length.as_deref(),
                 end_of_stream,
+                trailers: trailer.is_some(),
             };
             match exchange.on_response_head(plugin, &head) {
                 response::HeadStep::Pass | response::HeadStep::Observe => {}

@@ -64,6 +64,14 @@ impl Server for Llamacpp {
     fn window_error(&self, body: &Value) -> Option<WindowError> {
         window_error(body)
     }
+
+    fn fills_mid_answer(&self) -> bool {
+        true
+    }
+
+    fn context_full(&self, error: &Value) -> bool {
+        context_full(error)
+    }
 }
 
 /// `{"tokens": [...]}`.
@@ -111,10 +119,32 @@ fn llamacpp_content(req: &Request, body: &[u8]) -> Option<Vec<u8>> {
 // slot's context with 400 `{"error":{"type":"exceed_context_size_error","n_prompt_tokens":P,
 // "n_ctx":C,…}}` (the prompt alone is checked, `P >= n_ctx`; a cap is never refused). The
 // numbers are read from their members, never from the message.
+//
+// When its slots share one KV cache (`--kv-unified`, the default with automatic slots) and
+// the cache fills while answers are under way, its decode fails and it ends every answer
+// being processed with `{"code":500,"message":"Context size has been exceeded.","type":
+// "server_error"}` (server-context.cpp, `send_error` with `ERROR_TYPE_SERVER`): the whole
+// answer, status 500, before any output; after it, in the started stream, the SSE event
+// `data: {"error":{…}}` (OpenAI's forms) or `event: error` with that object as its data
+// (Anthropic's), and the stream ends. It names no numbers.
 
-/// The window error in a llama.cpp error body.
+/// The message of llama-server's full context.
+pub const CONTEXT_FULL: &str = "Context size has been exceeded.";
+
+/// Whether an error object is llama-server's full context.
+pub(super) fn context_full(error: &Value) -> bool {
+    error.get("type").and_then(Value::as_str) == Some("server_error")
+        && error.get("message").and_then(Value::as_str) == Some(CONTEXT_FULL)
+}
+
+/// The window error in a llama.cpp error body: `exceed_context_size_error` with its numbers,
+/// or the full context before any output, which names none (the filter's P, B and C word it;
+/// no window is learned from it).
 pub(super) fn window_error(body: &Value) -> Option<WindowError> {
     let error = body.get("error")?;
+    if context_full(error) {
+        return Some(WindowError::default());
+    }
     if error.get("type")?.as_str()? != "exceed_context_size_error" {
         return None;
     }

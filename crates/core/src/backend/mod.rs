@@ -94,6 +94,18 @@ trait Server {
         None
     }
 
+    /// Whether the server ends answers already under way when its context fills
+    /// ([`context_full`]): a 5xx error before any output, an error event in a started stream.
+    fn fills_mid_answer(&self) -> bool {
+        false
+    }
+
+    /// Whether an error object (`{"code","message","type"}`) says the context filled while
+    /// the answer was under way.
+    fn context_full(&self, _error: &Value) -> bool {
+        false
+    }
+
     /// The call that reports the window C: `/v1/models`.
     fn window_call(&self) -> Call {
         get(MODELS_PATH, CallKind::Models)
@@ -156,6 +168,17 @@ fn messages_count(body: &[u8]) -> Call {
 /// §13); `None` for any other error.
 pub fn window_error(backend: Backend, body: &Value) -> Option<WindowError> {
     server(backend).window_error(body)
+}
+
+/// Whether `backend` ends answers under way when its context fills (docs/spec.md §13).
+pub fn fills_mid_answer(backend: Backend) -> bool {
+    server(backend).fills_mid_answer()
+}
+
+/// Whether an error object of `backend` says its context filled while the answer was under
+/// way.
+pub fn context_full(backend: Backend, error: &Value) -> bool {
+    server(backend).context_full(error)
 }
 
 /// The call that counts `req` exactly, or `None` when a field the payload needs does not

@@ -462,6 +462,12 @@ impl Exchange {
         self.response.holds()
     }
 
+    /// Whether a host that adds bytes only to what it still buffers keeps the chunk just read
+    /// ([`response::Response::host_keeps`]).
+    pub fn response_host_keeps(&self) -> bool {
+        self.response.host_keeps()
+    }
+
     /// The bytes [`response::BodyStep::Read`] asked for: what to send instead, if anything.
     /// A translated window error teaches the context length it names.
     pub fn on_response_data(

@@ -6,17 +6,22 @@
 //!   the filter knows of the prompt; every other answer passes byte for byte;
 //! * an Anthropic answer ended by the window the filter wrote reports
 //!   `model_context_window_exceeded` (`stop`), streamed through;
+//! * a stream a server ends with an error event when its context fills reaches the client as
+//!   the dialect's end of an answer the window ended (`overflow`);
 //! * the window the server named is learned (the flow stores it).
 //!
 //! Successful answers are never held: only error answers are buffered, and only those of
 //! budgeted requests. Each backend's wordings are in its own module (`backend::vllm`, `sglang`, `llamacpp`).
 //!
 //! An answer may end in trailers instead of a last body chunk: the trailers are its end, and
-//! what the filter holds goes out before them, edited as at the end of a body. Bytes added
-//! then must join bytes the host still buffers, so while an editor holds bytes back, the host
-//! keeps what passed the editor before them ([`Response::holds`]).
+//! what the filter holds goes out before them, edited as at the end of a body. A host that
+//! can add bytes only to what it still buffers (proxy-wasm) keeps what passed the editor
+//! before held bytes ([`Response::host_keeps`]): always for an error or a JSON answer, and for
+//! a stream only when its head announced trailers, so that a stream's complete events reach
+//! the client as they arrive.
 
 pub mod errors;
+pub mod overflow;
 pub mod stop;
 pub mod usage;
 pub mod window;
@@ -63,6 +68,8 @@ pub struct Head<'a> {
     pub content_length: Option<&'a str>,
     /// The answer has no body.
     pub end_of_stream: bool,
+    /// The head announces trailers (a `Trailer` header).
+    pub trailers: bool,
 }
 
 /// What to do with the answer's headers.
@@ -146,6 +153,10 @@ pub struct Response {
     /// The bytes the host keeps while the editor holds bytes after them (what passed the
     /// editor since it last held nothing).
     waiting: usize,
+    /// The head announced trailers.
+    trailers: bool,
+    /// A stream whose server may end it when its context fills.
+    overflow: Option<overflow::Overflow>,
 }
 
 fn is_identity(encoding: Option<&str>) -> bool {
@@ -172,6 +183,8 @@ impl Response {
         self.mode = Mode::Pass;
         self.usage = None;
         self.waiting = 0;
+        self.trailers = head.trailers;
+        self.overflow = None;
         let Some(budget) = budget else {
             return HeadStep::Pass;
         };
@@ -179,8 +192,9 @@ impl Response {
             return HeadStep::Pass;
         }
         let media = media_type(head.content_type);
+        let fills = crate::backend::fills_mid_answer(budget.backend);
         match head.status {
-            Some(400..=499) if translate => {
+            Some(status @ 400..=500) if translate && (status < 500 || fills) => {
                 let small = head.content_length.is_none_or(|l| {
                     l.trim()
                         .parse::<usize>()
@@ -200,7 +214,10 @@ impl Response {
                 if budget.usage {
                     self.usage = Some(usage::Usage::new(stream));
                 }
-                match budget.window_cap {
+                if stream && fills && translate {
+                    self.overflow = Some(overflow::Overflow::new(budget.backend, budget.dialect));
+                }
+                let step = match budget.window_cap {
                     Some(cap) if budget.dialect == Dialect::Anthropic => {
                         self.mode = match stream {
                             true => Mode::Sse(stop::Sse::new(cap)),
@@ -213,6 +230,10 @@ impl Response {
                         HeadStep::Observe
                     }
                     _ => HeadStep::Pass,
+                };
+                match self.overflow {
+                    Some(_) => HeadStep::Watch,
+                    None => step,
                 }
             }
             _ => HeadStep::Pass,
@@ -222,6 +243,9 @@ impl Response {
     /// A body chunk arrived; `size` is what is buffered (the whole body so far when
     /// holding, else this chunk).
     pub fn on_body(&mut self, size: usize, end_of_stream: bool) -> BodyStep {
+        if self.overflow.is_some() {
+            return BodyStep::Read;
+        }
         match self.mode {
             Mode::Pass => BodyStep::Continue,
             Mode::Error if size > MAX_ERROR_BYTES => {
@@ -252,8 +276,25 @@ impl Response {
         }
     }
 
+    /// The mode's edit, then the stream's full context.
     fn edit(&mut self, budget: Option<&Budget>, data: &[u8], end_of_stream: bool) -> Data {
+        let mut out = self.edit_mode(budget, data, end_of_stream);
+        if let Some(o) = self.overflow.as_mut() {
+            let passed = match &out.edit {
+                Edit::Keep => data,
+                Edit::Replace(r) => r,
+            };
+            if let Edit::Replace(r) = o.chunk(passed, end_of_stream) {
+                out.edit = Edit::Replace(r);
+            }
+            out.window_stop |= o.take_edited();
+        }
+        out
+    }
+
+    fn edit_mode(&mut self, budget: Option<&Budget>, data: &[u8], end_of_stream: bool) -> Data {
         let bounded = matches!(self.mode, Mode::Sse(_));
+        let keeps = self.keeps_passed();
         if let Some(editor) = self.mode.editor() {
             let mut edit = editor.chunk(data, end_of_stream);
             let window_stop = editor.take_edited();
@@ -262,7 +303,10 @@ impl Response {
                 Edit::Replace(r) => r.len(),
             };
             // What the host keeps while the editor holds bytes back.
-            let mut waiting = self.waiting.saturating_add(sent);
+            let mut waiting = match keeps {
+                true => self.waiting.saturating_add(sent),
+                false => 0,
+            };
             // An SSE stream waits only up to the bound (a JSON body is read whole by its
             // client anyway): beyond it, everything passes unchanged.
             if bounded
@@ -316,12 +360,26 @@ impl Response {
     /// of a watched answer, with `end_of_stream`, and adds what comes back to what the host
     /// keeps.
     pub fn holds(&self) -> bool {
-        match &self.mode {
+        (match &self.mode {
             Mode::Pass | Mode::Observe => false,
             Mode::Error => true,
             Mode::Json(e) => e.held() > 0,
             Mode::Sse(e) => e.held() > 0,
-        }
+        }) || self.overflow.as_ref().is_some_and(|o| o.held() > 0)
+    }
+
+    /// Whether a host that adds bytes at the trailers only to what it still buffers must keep
+    /// the chunk just read (as edited) with what it kept before: while the filter holds bytes
+    /// of an error or a JSON answer, and of a stream whose head announced trailers. A stream's
+    /// complete events otherwise pass at once, and only its partial event waits: if trailers
+    /// it did not announce end it then, that event cannot go before them on such a host (no
+    /// client dispatches an event cut before its blank line).
+    pub fn host_keeps(&self) -> bool {
+        self.holds() && self.keeps_passed()
+    }
+
+    fn keeps_passed(&self) -> bool {
+        !(matches!(self.mode, Mode::Sse(_)) || self.overflow.is_some()) || self.trailers
     }
 }
 

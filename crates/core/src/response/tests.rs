@@ -321,19 +321,22 @@ fn error_bodies_buffered_up_to_the_bound() {
         );
     }
 }
-/// The host as Envoy is to the filter: it buffers what the filter holds (a paused chunk
-/// stays, and the next one joins it) and hands over the whole buffer. The answer ends with
-/// its last chunk, or with trailers after it. What the client gets, and the edits counted.
-fn through(
+/// The host as Envoy's proxy-wasm is to the filter: it buffers what the filter asks it to keep
+/// (a paused chunk stays, and the next one joins it) and hands over the whole buffer; bytes
+/// added at the trailers join only what it buffers. The answer ends with its last chunk, or
+/// with trailers after it. What the client gets, the edits counted, and what the client had
+/// after each chunk.
+fn through_each(
     r: &mut Response,
     b: &Budget,
     head: &Head,
     chunks: &[&[u8]],
     trailers: bool,
-) -> (Vec<u8>, usize) {
+) -> (Vec<u8>, usize, Vec<usize>) {
     r.on_headers(Some(b), true, head);
     // The host's buffer; its first `kept` bytes passed the filter already.
     let (mut out, mut buffer, mut kept, mut edits) = (Vec::new(), Vec::new(), 0, 0);
+    let mut arrived = Vec::new();
     let mut apply = |r: &mut Response, buffer: &mut Vec<u8>, kept: &mut usize, end: bool| {
         let d = r.on_data(Some(b), &buffer[*kept..], end);
         edits += usize::from(d.window_stop || d.translated.is_some());
@@ -341,24 +344,39 @@ fn through(
             buffer.truncate(*kept);
             buffer.extend_from_slice(&new);
         }
-        *kept = if r.holds() { buffer.len() } else { 0 };
+        *kept = if r.host_keeps() { buffer.len() } else { 0 };
     };
     for (i, chunk) in chunks.iter().enumerate() {
         buffer.extend_from_slice(chunk);
         let end = !trailers && i + 1 == chunks.len();
         match r.on_body(buffer.len(), end) {
             BodyStep::Continue => {}
-            BodyStep::Buffer => continue,
+            BodyStep::Buffer => {
+                arrived.push(out.len());
+                continue;
+            }
             BodyStep::Read => apply(r, &mut buffer, &mut kept, end),
         }
-        if !r.holds() {
+        if !r.host_keeps() {
             out.append(&mut buffer);
         }
+        arrived.push(out.len());
     }
-    if trailers && r.holds() {
+    if trailers && r.host_keeps() {
         apply(r, &mut buffer, &mut kept, true);
     }
     out.append(&mut buffer);
+    (out, edits, arrived)
+}
+
+fn through(
+    r: &mut Response,
+    b: &Budget,
+    head: &Head,
+    chunks: &[&[u8]],
+    trailers: bool,
+) -> (Vec<u8>, usize) {
+    let (out, edits, _) = through_each(r, b, head, chunks, trailers);
     assert!(!r.holds());
     (out, edits)
 }
@@ -401,17 +419,34 @@ fn held_bytes_wait_in_the_host_and_go_at_the_trailers() {
     assert_eq!(d.edit, Edit::Replace(json.as_bytes()[at..at + 8].to_vec()));
     assert!(!r.holds());
 
-    // A CR-framed stream ending in trailers, its last event without a blank line.
+    // A CR-framed stream ending in the trailers its head announced, its last event without a
+    // blank line.
     let sse = "event: message_start\rdata: {}\r\revent: message_delta\rdata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"max_tokens\"},\"usage\":{\"output_tokens\":1096}}";
     let want = sse.replace(r#""max_tokens""#, r#""model_context_window_exceeded""#);
     let head_sse = Head {
         content_type: Some("text/event-stream"),
+        trailers: true,
         ..head
     };
     for a in 0..=sse.len() {
         let chunks = [&sse.as_bytes()[..a], &sse.as_bytes()[a..]];
         let got = through(&mut Response::default(), &b, &head_sse, &chunks, true);
         assert_eq!(got, (want.clone().into_bytes(), 1), "cut {a}");
+    }
+    // Trailers the head did not announce: the events before the partial one passed at once,
+    // and the partial event, which the host did not keep anything to join, cannot go.
+    let unannounced = Head {
+        trailers: false,
+        ..head_sse
+    };
+    let first = "event: message_start\rdata: {}\r\r".len();
+    for a in first..sse.len() {
+        let chunks = [&sse.as_bytes()[..a], &sse.as_bytes()[a..]];
+        let mut r = Response::default();
+        let (out, edits, arrived) = through_each(&mut r, &b, &unannounced, &chunks, true);
+        assert_eq!((&out[..], edits), (&sse.as_bytes()[..first], 0), "cut {a}");
+        assert_eq!(arrived, [first, first], "cut {a}");
+        assert!(r.holds() && !r.host_keeps());
     }
 
     // A window error ending in trailers: translated.
@@ -437,9 +472,14 @@ fn a_stream_waits_in_the_host_only_up_to_the_bound() {
         ..budget(Dialect::Anthropic)
     };
     let event = "event: ping\ndata: {\"type\":\"ping\"}\n\n";
-    // Every chunk ends inside an event: the host keeps the events before it.
+    // Every chunk ends inside an event: the host keeps the events before it (the head
+    // announced trailers).
     let mut r = Response::default();
-    r.on_headers(Some(&b), true, &head(200, "text/event-stream"));
+    let announced = Head {
+        trailers: true,
+        ..head(200, "text/event-stream")
+    };
+    r.on_headers(Some(&b), true, &announced);
     let chunk = [&event.as_bytes()[5..], &event.as_bytes()[..5]].concat();
     let mut kept = 0;
     let mut chunks = 0;
@@ -466,4 +506,142 @@ fn a_stream_waits_in_the_host_only_up_to_the_bound() {
     // The editor stepped aside.
     assert_eq!(r.on_data(Some(&b), b"x\n\n", false), Data::keep());
     assert!(!r.holds());
+}
+
+#[test]
+fn complete_events_pass_at_once_and_only_a_partial_event_waits() {
+    let b = Budget {
+        window_cap: Some(1096),
+        ..budget(Dialect::Anthropic)
+    };
+    let events = "event: message_start\ndata: {}\n\nevent: content_block_delta\ndata: {\"type\":\"content_block_delta\"}\n\nevent: content_block_stop\ndata: {}\n\n";
+    let delta = "event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"max_tokens\"},\"usage\":{\"output_tokens\":1096}}\n\n";
+    let stop = "event: message_stop\ndata: {}\n\n";
+    let sse = [events, delta, stop].concat();
+    let want = sse.replace(r#""max_tokens""#, r#""model_context_window_exceeded""#);
+    let delta_at = events.len();
+    let plain = head(200, "text/event-stream");
+    let announced = Head {
+        trailers: true,
+        ..plain
+    };
+    for cut in delta_at + 1..delta_at + delta.len() {
+        let chunks = [&sse.as_bytes()[..cut], &sse.as_bytes()[cut..]];
+        // Unannounced: the three events reach the client with the first chunk.
+        let (out, edits, arrived) =
+            through_each(&mut Response::default(), &b, &plain, &chunks, false);
+        assert_eq!((out, edits), (want.clone().into_bytes(), 1), "cut {cut}");
+        assert_eq!(arrived, [delta_at, want.len()], "cut {cut}");
+        // Announced trailers: the host keeps them with the partial event.
+        let (out, edits, arrived) =
+            through_each(&mut Response::default(), &b, &announced, &chunks, true);
+        assert_eq!((out, edits), (want.clone().into_bytes(), 1), "cut {cut}");
+        assert_eq!(arrived, [0, want.len()], "cut {cut}");
+    }
+    // A partial event alone waits only up to the bound, then passes as it came.
+    let mut r = Response::default();
+    r.on_headers(Some(&b), true, &plain);
+    let big = format!("event: ping\ndata: {}", "x".repeat(stop::MAX_HELD));
+    let d = r.on_data(Some(&b), &big.as_bytes()[..stop::MAX_HELD], false);
+    assert_eq!((d.edit, r.holds()), (Edit::Replace(Vec::new()), true));
+    let d = r.on_data(Some(&b), &big.as_bytes()[stop::MAX_HELD..], false);
+    assert_eq!(d.edit, Edit::Replace(big.into_bytes()));
+    assert!(!r.holds());
+}
+
+const LLAMA_FULL: &str =
+    r#"{"error":{"code":500,"message":"Context size has been exceeded.","type":"server_error"}}"#;
+
+#[test]
+fn llamacpp_full_context_before_any_output_is_the_window_error() {
+    let b = |dialect| Budget {
+        backend: Backend::Llamacpp,
+        ..budget(dialect)
+    };
+    let wants = [
+        (
+            Dialect::OpenAi,
+            r#"{"error":{"message":"This model's maximum context length is 4096 tokens. However, your messages resulted in 4096 tokens (3000 in the messages, 1096 in the completion). Please reduce the length of the messages or completion.","type":"invalid_request_error","param":"messages","code":"context_length_exceeded"}}"#,
+        ),
+        (
+            Dialect::Anthropic,
+            r#"{"type":"error","error":{"type":"invalid_request_error","message":"input length and `max_tokens` exceed context limit: 3000 + 1096 > 4096, decrease input length or `max_tokens` and try again"}}"#,
+        ),
+    ];
+    for (dialect, want) in wants {
+        let mut r = Response::default();
+        let step = r.on_headers(Some(&b(dialect)), true, &head(500, "application/json"));
+        assert_eq!(step, HeadStep::Hold);
+        assert_eq!(r.on_body(LLAMA_FULL.len(), true), BodyStep::Read);
+        let d = r.on_data(Some(&b(dialect)), LLAMA_FULL.as_bytes(), true);
+        assert_eq!(d.edit, Edit::Replace(want.as_bytes().to_vec()));
+        // No window is learned from it: it names none.
+        assert_eq!(d.translated.map(|e| e.context), Some(None));
+    }
+    // Another server's 500, and llama.cpp's other 500s: not held, or byte for byte.
+    let mut r = Response::default();
+    let vllm = budget(Dialect::OpenAi);
+    assert_eq!(
+        r.on_headers(Some(&vllm), true, &head(500, "application/json")),
+        HeadStep::Pass
+    );
+    let other = LLAMA_FULL.replace("Context size has been exceeded.", "Compute error.");
+    let mut r = Response::default();
+    r.on_headers(
+        Some(&b(Dialect::OpenAi)),
+        true,
+        &head(500, "application/json"),
+    );
+    let d = r.on_data(Some(&b(Dialect::OpenAi)), other.as_bytes(), true);
+    assert_eq!((d.edit, d.translated), (Edit::Keep, None));
+    // Translation off: passes.
+    let mut r = Response::default();
+    let step = r.on_headers(
+        Some(&b(Dialect::OpenAi)),
+        false,
+        &head(500, "application/json"),
+    );
+    assert_eq!(step, HeadStep::Pass);
+}
+
+#[test]
+fn llamacpp_streams_are_watched_for_the_full_context() {
+    let b = Budget {
+        backend: Backend::Llamacpp,
+        ..budget(Dialect::OpenAi)
+    };
+    let chunk = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\"}}]}\n\n";
+    let full = format!("data: {LLAMA_FULL}\n\n");
+    let stream = [chunk, &full].concat();
+    let want = [chunk, "data: {\"choices\":[{\"index\":0,\"delta\":{},\"text\":\"\",\"finish_reason\":\"length\"}]}\n\ndata: [DONE]\n\n"].concat();
+    let sse = head(200, "text/event-stream");
+    for a in 0..=stream.len() {
+        let chunks = [&stream.as_bytes()[..a], &stream.as_bytes()[a..]];
+        let mut r = Response::default();
+        let (out, edits, arrived) = through_each(&mut r, &b, &sse, &chunks, false);
+        assert_eq!(
+            (String::from_utf8(out).unwrap(), edits),
+            (want.clone(), 1),
+            "cut {a}"
+        );
+        // The chunk event passes once its first line has ended or is past what names it; the
+        // error waits.
+        let first = match a {
+            a if a == stream.len() => want.len(),
+            a if a >= chunk.len() => chunk.len(),
+            // Its line ends 2 bytes before its end.
+            a if a > overflow::MAX_FIRST_LINE || a > chunk.len() - 2 => a,
+            _ => 0,
+        };
+        assert_eq!(arrived[0], first, "cut {a}");
+    }
+    let mut r = Response::default();
+    assert_eq!(r.on_headers(Some(&b), true, &sse), HeadStep::Watch);
+    // Not for another backend, nor with translation off.
+    let mut r = Response::default();
+    assert_eq!(
+        r.on_headers(Some(&budget(Dialect::OpenAi)), true, &sse),
+        HeadStep::Pass
+    );
+    assert_eq!(r.on_headers(Some(&b), false, &sse), HeadStep::Pass);
 }

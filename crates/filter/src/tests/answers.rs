@@ -17,7 +17,8 @@ impl Vm {
         self.upstream_with(stream, status, content_type, chunks, false)
     }
 
-    /// As [`Vm::upstream`]; with `trailers`, the answer ends in trailers after its last chunk.
+    /// As [`Vm::upstream`]; with `trailers`, the answer ends in trailers after its last chunk,
+    /// which its head announces.
     fn upstream_with(
         &mut self,
         stream: u32,
@@ -26,16 +27,30 @@ impl Vm {
         chunks: &[&[u8]],
         trailers: bool,
     ) -> (Vec<u8>, Vec<(String, String)>) {
+        self.upstream_ending(stream, status, content_type, chunks, trailers, trailers)
+    }
+
+    /// As [`Vm::upstream_with`]; `announce`: the head has a `trailer` header.
+    fn upstream_ending(
+        &mut self,
+        stream: u32,
+        status: u16,
+        content_type: &str,
+        chunks: &[&[u8]],
+        trailers: bool,
+        announce: bool,
+    ) -> (Vec<u8>, Vec<(String, String)>) {
         self.host.effective = stream;
         let length: usize = chunks.iter().map(|c| c.len()).sum();
-        self.host.answer_head.insert(
-            stream,
-            vec![
-                (":status".into(), status.to_string()),
-                ("content-type".into(), content_type.into()),
-                ("content-length".into(), length.to_string()),
-            ],
-        );
+        let mut head = vec![
+            (":status".into(), status.to_string()),
+            ("content-type".into(), content_type.into()),
+            ("content-length".into(), length.to_string()),
+        ];
+        if announce {
+            head.push(("trailer".into(), "x-t".into()));
+        }
+        self.host.answer_head.insert(stream, head);
         assert_eq!(
             self.filter
                 .on_response_headers(&mut self.host, stream, false),
@@ -179,6 +194,22 @@ fn an_anthropic_stream_ended_by_the_window_says_so_as_it_passes() {
     let cr = b"event: message_start\rdata: {\"type\":\"message_start\"}\r\revent: message_delta\rdata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"max_tokens\",\"stop_sequence\":null},\"usage\":{\"output_tokens\":1096}}";
     let (out, _) = vm.upstream_with(id, 200, "text/event-stream", &[&cr[..50], &cr[50..]], true);
     assert_eq!(out, window_stopped(cr));
+    assert_eq!(vm.host.metric("incontext_window_stop"), 2);
+    // Trailers the head did not announce: the complete event passed with its chunk, and the
+    // partial one has nothing to join at the trailers.
+    let id = windowed(&mut vm, root);
+    let first = b"event: message_start\rdata: {\"type\":\"message_start\"}\r\r".len();
+    let reads = vm.host.answer_reads();
+    let (out, _) = vm.upstream_ending(
+        id,
+        200,
+        "text/event-stream",
+        &[&cr[..first + 9], &cr[first + 9..]],
+        true,
+        false,
+    );
+    assert_eq!(out, &cr[..first]);
+    assert_eq!(vm.host.answer_reads(), reads + 2);
     assert_eq!(vm.host.metric("incontext_window_stop"), 2);
 }
 

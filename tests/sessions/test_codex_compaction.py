@@ -23,7 +23,7 @@ The random-weight model never ends an answer, so a pass-through in front of Envo
 sends none itself. A conversation of TURNS turns (`codex exec`, then `codex exec resume --last`),
 each a one-line message, grows by about its N-token answer per turn. Asserted: every turn
 completes; exactly one compaction request, sent between two turns exactly when the earlier
-one's input + output reached L; no request refused by incontext (every answer 200, no
+one's input + output reached L, by the run of the later turn (before its request); no request refused by incontext (every answer 200, no
 `x-incontext-action: rejected`, `incontext_rejected` 0); what a turn added was at most G, and
 without the compaction the turn after it would have been refused (the usage before it plus the
 least a turn added is above W − R); that turn is served with the summary in its input and none
@@ -93,11 +93,12 @@ def test_codex_compacts_before_the_window_is_full(agent_stack, tmp_path):  # noq
     _, stack = agent_stack
     env = stack.envoy("codex-compact", context_length=W, min_output_tokens=R,
                       on_insufficient="reject")
-    runs = []
+    runs, ends = [], []         # each run's events; how many requests were sent after it
     with Tap(env.url, forward=answers_of(N)) as tap:
         for turn in range(TURNS):
             runs.append(clis.codex(tap.url, tmp_path, MESSAGE.format(turn), resume=turn > 0,
                                    settings=SETTINGS))
+            ends.append(len(tap.sent))
     sent = tap.calls("/v1/responses")
     rows = []
     for s in sent:
@@ -124,6 +125,8 @@ def test_codex_compacts_before_the_window_is_full(agent_stack, tmp_path):  # noq
     assert kinds.count("turn") == TURNS, rows
     c = kinds.index("compaction")
     assert 0 < c < len(sent) - 1, rows
+    # Sent at the start of the turn after it (`codex exec resume`), before that turn's request.
+    assert ends == [*range(1, c + 1), *range(c + 2, TURNS + 2)], (ends, c)
     # Between two turns Codex compacted exactly when the earlier one's input + output reached L.
     totals = [r[3] + r[4] for r in rows]
     turns = [i for i, k in enumerate(kinds) if k == "turn"]

@@ -23,11 +23,12 @@ The random-weight model never ends an answer, so a pass-through in front of Envo
 sends none itself. A conversation of TURNS turns (`codex exec`, then `codex exec resume --last`),
 each a one-line message, grows by about its N-token answer per turn. Asserted: every turn
 completes; exactly one compaction request, sent between two turns exactly when the earlier
-one's input + output reached L, by the run of the later turn (before its request); no request refused by incontext (every answer 200, no
-`x-incontext-action: rejected`, `incontext_rejected` 0); what a turn added was at most G, and
-without the compaction the turn after it would have been refused (the usage before it plus the
-least a turn added is above W − R); that turn is served with the summary in its input and none
-of the answers before it. The numbers are printed (`pytest -s`). About 75 s.
+one's input + output reached L, by the run of the later turn (before its request); no request
+refused by incontext (every answer 200, no `x-incontext-action: rejected`, `incontext_rejected`
+0); what a turn added was at most G, and without the compaction the turn after it would have
+been refused (the usage before it plus the least a turn added is above W − R); that turn is
+served with the summary in its input and none of the answers before it. The numbers are
+printed (`pytest -s`). About 75 s.
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ refused by incontext (every answer 200, no `x-incontext-action: rejected`, `inco
 0); what a turn added was at most G, and without the compaction the turn after it would have
 been refused (the usage before it plus the least a turn added is above W − R); that turn is
 served with the summary in its input and none of the answers before it. The numbers are
-printed (`pytest -s`). About 75 s.
+printed (`pytest -s`). About 75 s, and 20 s for the refused turn's case below.
 """
 
 from __future__ import annotations
@@ -151,3 +151,41 @@ def test_codex_compacts_before_the_window_is_full(agent_stack, tmp_path):  # noq
     assert not [i for i in after["input"] if i.get("role") == "assistant"], after["input"]
     assert rows[c + 1][3] < totals[c - 1], rows
     assert max(r[3] for r in rows) <= W - R, rows
+
+
+def test_codex_compacts_after_a_refused_turn_but_its_own_prompt_stays_too_long(
+        agent_stack, tmp_path):  # noqa: F811
+    """A window below Codex's own prompt (its instructions and 9 tools, ~8.2k tokens), with
+    `model_context_window` = W alone: the first turn is refused (the window error ends it);
+    Codex then counts its usage as the full window (`set_total_tokens_full`,
+    codex-rs/core/src/session/turn.rs), so the next turn begins with a compaction, served (its
+    history has no tools), and then its own request is refused again: compaction cannot make
+    room below Codex's own prompt."""
+    w, r, n = 8192, 64, 64
+    _, stack = agent_stack
+    env = stack.envoy("codex-refused", context_length=W, window_tokens=w, min_output_tokens=r,
+                      on_insufficient="reject")
+    runs = []
+    with Tap(env.url, forward=answers_of(n)) as tap:
+        for turn in range(2):
+            runs.append(clis.codex(tap.url, tmp_path, MESSAGE.format(turn), resume=turn > 0,
+                                   settings=f"model_context_window = {w}\n\n"))
+    for events in runs:
+        failed = [e for e in events if e.get("type") == "turn.failed"]
+        assert len(failed) == 1 and events[-1] is failed[0], events[-3:]
+        assert "ran out of room in the model's context window" in \
+            failed[0]["error"]["message"], failed[0]
+    sent = tap.calls("/v1/responses")
+    assert len(tap.sent) == len(sent) == 3, [(s.method, s.path) for s in tap.sent]
+    assert [(is_compaction(s), s.status, (s.answer_headers or {}).get("x-incontext-action"))
+            for s in sent] == [(False, 400, "rejected"), (True, 200, "rewritten"),
+                               (False, 400, "rejected")], [(s.status, s.answer_headers)
+                                                           for s in sent]
+    assert not sent[1].body.get("tools") and sent[0].body.get("tools"), sorted(sent[1].body)
+    compacted = usage(sent[1])
+    prompts = [int(s.answer_headers["x-incontext-prompt-tokens"]) for s in sent]
+    print(f"\ncodex after a refused turn: prompts {prompts}, compaction usage {compacted}")
+    assert compacted["input_tokens"] == prompts[1] and compacted["output_tokens"] == n
+    assert min(prompts[0], prompts[2]) > w - r, prompts
+    assert sum(t.startswith(SUMMARY) for t in user_texts(sent[2].body)) == 1
+    assert env.counters()["incontext_rejected"] == 2, env.counters()

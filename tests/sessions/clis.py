@@ -68,6 +68,14 @@ plugins = false
 enabled = false
 """
 
+# Codex's compaction settings (docs/agents.md): model_context_window = W, the window incontext
+# enforces (the suite's vLLM's); model_auto_compact_token_limit = W − R − G (R 1920, G 160 the
+# most one turn adds before its first request; test_codex_compaction.py).
+CODEX_COMPACTION = """\
+model_context_window = 12288
+model_auto_compact_token_limit = 10208
+"""
+
 CODEX_ENV = """\
 export INCONTEXT_API_KEY=x
 """
@@ -115,6 +123,7 @@ SNIPPETS = {
     "claude-code.env": CLAUDE_ENV,
     "codex.config.toml": CODEX_TOML,
     "codex.env": CODEX_ENV,
+    "codex.compaction.toml": CODEX_COMPACTION,
     "opencode.json": OPENCODE_JSON,
     "opencode.env": OPENCODE_ENV,
     "qwen-code.settings.json": QWEN_SETTINGS,
@@ -173,12 +182,17 @@ def claude(base_url: str, workdir: Path, prompt=PROMPT) -> dict:
     return lines[-1]
 
 
-def codex(base_url: str, workdir: Path, prompt=PROMPT) -> List[dict]:
-    """`codex exec --json` with CODEX_TOML as $CODEX_HOME/config.toml: its events."""
+def codex(base_url: str, workdir: Path, prompt=PROMPT, *, resume=False,
+          settings="") -> List[dict]:
+    """`codex exec --json` with ``settings`` (top-level keys) + CODEX_TOML as
+    $CODEX_HOME/config.toml: its events. ``resume``: `codex exec resume --last`, the next turn
+    of the last session run in ``workdir``."""
     home = fresh(workdir)
-    (home / "config.toml").write_text(at(CODEX_TOML, base_url))
+    (home / "config.toml").write_text(settings + at(CODEX_TOML, base_url))
     env = environment(CODEX_ENV, base_url, home, CODEX_HOME=str(home))
-    out = run([CODEX, "exec", "--json", "--skip-git-repo-check", prompt], workdir, env)
+    command = [CODEX, "exec", *(["resume", "--last"] if resume else []), "--json",
+               "--skip-git-repo-check", prompt]
+    out = run(command, workdir, env)
     events = json_lines(out.stdout)
     assert events, f"codex printed no events (exit {out.returncode}): {out.stderr[-500:]}"
     return events
@@ -252,6 +266,7 @@ class Sent:
     status: Optional[int] = None                    # the answer's
     answer_headers: Optional[Dict[str, str]] = None     # lower-case names
     raw: bytes = b""                                # the body's bytes as the agent sent them
+    answer: bytes = b""                             # the answer's body as the agent got it
 
 
 _HOP = {"host", "content-length", "connection", "keep-alive", "transfer-encoding"}
@@ -293,9 +308,12 @@ class Tap:
                             self.send_header(k, v)
                     self.send_header("connection", "close")
                     self.end_headers()
+                    got = []
                     for chunk in answer.iter_raw():
+                        got.append(chunk)
                         self.wfile.write(chunk)
                         self.wfile.flush()
+                    sent.answer = b"".join(got)
                 self.close_connection = True
 
             do_GET = do_POST = _forward

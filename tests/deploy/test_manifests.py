@@ -1353,7 +1353,7 @@ def test_dockerfile_is_the_compat_recipe():
 
 def test_shipped_wasm_is_the_optimised_build(wasm_snapshot):
     """What the image, the compose file and the tests load is scripts/build-wasm.sh's output:
-    wasm-opt'd from cargo's module and within the 345 KB size budget (docs/design.md)."""
+    wasm-opt'd from cargo's module and within the 360 KB size budget (docs/design.md)."""
     data = wasm_snapshot.read_bytes()
     assert data[:8] == b"\0asm\x01\0\0\0", "not a wasm module"
     raw = REPO / "target" / "wasm32-wasip1" / "release" / "deps" / "incontext.wasm"
@@ -1361,4 +1361,4 @@ def test_shipped_wasm_is_the_optimised_build(wasm_snapshot):
     assert len(data) < raw.stat().st_size, (
         f"incontext.wasm ({len(data)} bytes) is not smaller than cargo's module "
         f"({raw.stat().st_size} bytes): it was not optimised (run scripts/build-wasm.sh)")
-    assert len(data) <= 345_000, f"incontext.wasm is {len(data)} bytes, over the 345 KB budget"
+    assert len(data) <= 360_000, f"incontext.wasm is {len(data)} bytes, over the 360 KB budget"

@@ -1,5 +1,6 @@
 //! Calls a filter configuration makes, not a stream: the count after a skipped request's
-//! stream (docs/spec.md §15). Envoy cancels a stream's calls with the stream, so this one goes
+//! stream (docs/spec.md §15), and the call of a stream whose client left, made again (Envoy
+//! cancelled the stream's own with it). Envoy cancels a stream's calls with the stream, so this one goes
 //! out from Envoy's main thread: the stream hands it over ([`Calls::send`]), the configuration's
 //! scheduler wakes the main thread, which sends what waits ([`Calls::take`], [`Calls::sent`]);
 //! the answer ([`Calls::answered`]) goes to the request's orphan ([`Calls::adopt`]), which stores
@@ -188,15 +189,18 @@ fn deliver(orphan: Orphan, shared: &Shared, status: Option<u16>, size: usize, bo
     let mut host = Detached {
         metrics: &shared.metrics,
         deferred: &shared.deferred,
+        calls: None,
     };
     orphan.on_reply(&shared.plugin, &mut host, &reply);
 }
 
-/// The core's view of Envoy outside any stream: the shared table and the clock; no calls, and
-/// metrics deferred to the configuration's next stream.
-struct Detached<'a> {
-    metrics: &'a Metrics,
-    deferred: &'a Deferred,
+/// The core's view of Envoy outside any stream: the shared table and the clock, metrics
+/// deferred to the configuration's next stream, and calls made by the configuration (when
+/// `calls` is given).
+pub struct Detached<'a> {
+    pub metrics: &'a Metrics,
+    pub deferred: &'a Deferred,
+    pub calls: Option<&'a Calls>,
 }
 
 impl Host for Detached<'_> {
@@ -208,8 +212,14 @@ impl Host for Detached<'_> {
         TABLE.set(key, value);
     }
 
-    fn dispatch(&mut self, _: &str, _: &[(&str, &str)], _: &Call, _: u64) -> Option<u32> {
-        None
+    fn dispatch(
+        &mut self,
+        cluster: &str,
+        headers: &[(&str, &str)],
+        call: &Call,
+        timeout_ms: u64,
+    ) -> Option<u32> {
+        self.calls?.send(cluster, headers, call, timeout_ms)
     }
 
     fn increment(&mut self, metric: Metric) {

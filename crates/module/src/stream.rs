@@ -5,7 +5,7 @@
 //! wasm filter sends it). Every panic is caught here ([`Stream::guard`]) and the stream then
 //! passes everything as it comes.
 
-use crate::calls::Calls;
+use crate::calls::{Calls, Detached};
 use crate::envoy::{Body, Envoy, Headers};
 use crate::metrics::{Deferred, Metrics};
 use crate::part;
@@ -537,19 +537,26 @@ impl Stream {
     }
 
     /// The stream is gone. A count made after it goes on without it (its answer is stored);
-    /// Envoy cancels the stream's own calls: such a call still out is not kept
+    /// a call of the stream's own still out (its client left) was cancelled by Envoy with the
+    /// stream: it is made again by the configuration, and its answer stored likewise
     /// (docs/module.md).
     pub fn destroyed(mut self) {
         if self.broken {
             return;
         }
-        let Some(orphan) = self.exchange.abandon() else {
-            return;
-        };
-        if self.later {
-            self.shared.calls.adopt(orphan, &self.shared);
+        let shared = self.shared.clone();
+        let orphan = if self.later {
+            self.exchange.abandon()
         } else {
-            log::debug!("incontext: a tokenizer call was cancelled with its stream");
+            let mut host = Detached {
+                metrics: &shared.metrics,
+                deferred: &shared.deferred,
+                calls: Some(&shared.calls),
+            };
+            self.exchange.abandon_again(&shared.plugin, &mut host)
+        };
+        if let Some(orphan) = orphan {
+            shared.calls.adopt(orphan, &shared);
         }
     }
 }

@@ -16,7 +16,6 @@ use crate::config;
 use crate::envoy::{Body, Envoy, Headers};
 use crate::metrics::Define;
 use crate::stream::{CallAnswer, DataStatus, HeadStatus, Shared, Stream};
-use std::cell::{Cell, UnsafeCell};
 use std::ffi::{c_char, c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr::{null, null_mut};

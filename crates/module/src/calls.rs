@@ -34,6 +34,9 @@ enum Waiting {
     Answered(Option<u16>, usize, Vec<u8>),
 }
 
+/// An answer: status, body size, body.
+type Answer = (Option<u16>, usize, Vec<u8>);
+
 #[derive(Default)]
 struct State {
     next: u32,
@@ -41,7 +44,16 @@ struct State {
     /// Envoy's callout id → the call's token.
     out: HashMap<u64, u32>,
     waiting: HashMap<u32, Waiting>,
+    /// The calls taken are being sent: an answer may come inside the send that made it (a
+    /// call that fails at once), before its id is known.
+    sending: bool,
+    /// Such answers, by Envoy's callout id, until the send returns (at most
+    /// [`MAX_EARLY`]).
+    early: Vec<(u64, Answer)>,
 }
+
+/// At most this many answers come inside their sends, in one batch of sends.
+const MAX_EARLY: usize = 64;
 
 /// Wakes Envoy's main thread (the configuration's scheduler).
 pub type Wake = Box<dyn Fn() + Send + Sync>;
@@ -104,27 +116,57 @@ impl Calls {
         Some(token)
     }
 
-    /// The calls to send now (on the main thread).
+    /// The calls to send now (on the main thread); [`Calls::sent`] for each, then
+    /// [`Calls::all_sent`].
     pub fn take(&self) -> Vec<(u32, Outgoing)> {
         match self.state.lock() {
-            Ok(mut state) => std::mem::take(&mut state.queue),
+            Ok(mut state) => {
+                state.sending = true;
+                std::mem::take(&mut state.queue)
+            }
             Err(_) => Vec::new(),
         }
     }
 
-    /// Call `token` went out as Envoy's callout `id`; `None`: Envoy refused it.
-    pub fn sent(&self, token: u32, id: Option<u64>) {
-        let Ok(mut state) = self.state.lock() else {
-            return;
-        };
-        match id {
-            Some(id) => {
-                state.out.insert(id, token);
-            }
-            None => {
+    /// Call `token` went out as Envoy's callout `id`; `None`: Envoy refused it. An answer
+    /// that came inside the send is taken now.
+    pub fn sent(&self, token: u32, id: Option<u64>, shared: &Shared) {
+        let orphan = {
+            let Ok(mut state) = self.state.lock() else {
+                return;
+            };
+            let Some(id) = id else {
                 state.waiting.remove(&token);
                 log::debug!("incontext: a count after its stream could not be sent");
+                return;
+            };
+            let Some(at) = state.early.iter().position(|(early, _)| *early == id) else {
+                state.out.insert(id, token);
+                return;
+            };
+            let (_, answer) = state.early.swap_remove(at);
+            match settle(&mut state, token, answer) {
+                Some(delivery) => delivery,
+                None => return,
             }
+        };
+        let (orphan, (status, size, body)) = orphan;
+        deliver(orphan, shared, status, size, &body);
+    }
+
+    /// The calls taken are sent: answers that came inside a refused send are dropped.
+    pub fn all_sent(&self) {
+        if let Ok(mut state) = self.state.lock() {
+            state.sending = false;
+            state.early.clear();
+        }
+    }
+
+    /// The stream that handed call `token` over is gone without its orphan (a panic): the
+    /// call's answer waits for nothing.
+    pub fn forget(&self, token: u32) {
+        if let Ok(mut state) = self.state.lock() {
+            state.waiting.remove(&token);
         }
     }
 
@@ -152,11 +194,15 @@ impl Calls {
 
     /// The answer to Envoy's callout `id`.
     pub fn answered(&self, id: u64, answer: &CallAnswer, shared: &Shared) {
+        let owned = || (answer.status, answer.size, answer.body.to_vec());
         let orphan = {
             let Ok(mut state) = self.state.lock() else {
                 return;
             };
             let Some(token) = state.out.remove(&id) else {
+                if state.sending && state.early.len() < MAX_EARLY {
+                    state.early.push((id, owned()));
+                }
                 return;
             };
             match state.waiting.remove(&token) {
@@ -175,6 +221,22 @@ impl Calls {
     /// Calls waiting (handed over, sent, or answered before their orphan).
     pub fn waiting(&self) -> usize {
         self.state.lock().map(|s| s.waiting.len()).unwrap_or(0)
+    }
+}
+
+/// The answer to call `token`: its orphan and the answer to deliver, or kept for the orphan
+/// to come.
+fn settle(state: &mut State, token: u32, answer: Answer) -> Option<(Orphan, Answer)> {
+    match state.waiting.remove(&token) {
+        Some(Waiting::Orphan(orphan)) => Some((orphan, answer)),
+        Some(Waiting::Stream) => {
+            let (status, size, body) = answer;
+            state
+                .waiting
+                .insert(token, Waiting::Answered(status, size, body));
+            None
+        }
+        Some(Waiting::Answered(..)) | None => None,
     }
 }
 

@@ -10,6 +10,7 @@
 //! * `table`: the process-wide shared data (counts, anchors, learned windows);
 //! * `metrics`: counter and histogram ids;
 //! * `part`: a request body read from Envoy's slices in part (a long prompt's hit);
+//! * `slot`: a stream as Envoy holds it, through hooks Envoy calls inside hooks;
 //! * `splice`: a rewrite written over the body Envoy holds, in place;
 //! * `abi` (not in unit tests): Envoy's ABI, bound by hand, behind those traits, and the event
 //!   hooks Envoy calls; the one place with `unsafe` code.
@@ -46,6 +47,7 @@ pub mod config;
 pub mod envoy;
 pub mod metrics;
 pub mod part;
+pub mod slot;
 pub mod splice;
 pub mod stream;
 pub mod table;

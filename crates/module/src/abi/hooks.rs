@@ -4,6 +4,7 @@
 //! to guard.
 
 use super::*;
+use crate::slot::{After, Slot};
 
 const ABI_VERSION_C: &CStr = c"v0.1.0";
 
@@ -137,8 +138,9 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_scheduled(
                     call.timeout_ms,
                 )
             };
-            shared.calls.sent(token, id);
+            shared.calls.sent(token, id, shared);
         }
+        shared.calls.all_sent();
     })
 }
 
@@ -242,14 +244,6 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_per_route_config_destroy(
 ) {
 }
 
-/// A stream as Envoy holds it for the module. Envoy may end a stream inside a callback the
-/// stream made (a local reply): its destruction then waits until that hook returns.
-struct Slot {
-    busy: Cell<bool>,
-    doomed: Cell<bool>,
-    stream: UnsafeCell<Stream>,
-}
-
 #[no_mangle]
 pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_new(
     filter_config_ptr: HttpFilterConfigModulePtr,
@@ -260,92 +254,68 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_new(
         let Some(shared) = (unsafe { config_of(filter_config_ptr) }) else {
             return null();
         };
-        let slot = Box::new(Slot {
-            busy: Cell::new(false),
-            doomed: Cell::new(false),
-            stream: UnsafeCell::new(Stream::new(shared.clone())),
-        });
+        let slot = Box::new(Slot::new(Stream::new(shared.clone())));
         Box::into_raw(slot).cast_const().cast()
     })
 }
 
-/// Runs a hook on the stream behind a module pointer, with Envoy's filter for this hook;
-/// `None` for a null pointer.
+/// Runs `hook` on the slot behind a module pointer, with Envoy's filter for this hook, then
+/// frees the slot when Envoy destroyed the stream meanwhile; `None` for a null pointer.
 ///
 /// # Safety
-/// `module` must be a pointer `on_http_filter_new` returned and not yet destroyed.
-unsafe fn on_stream<T>(
+/// `module` must be null or a pointer `on_http_filter_new` returned and not yet freed.
+unsafe fn on_slot<T>(
     envoy: HttpFilterEnvoyPtr,
     module: HttpFilterModulePtr,
     in_body: Option<Body>,
-    hook: impl FnOnce(&mut Stream, &mut Filter) -> T,
+    hook: impl FnOnce(&Slot, &mut Filter) -> (T, After),
 ) -> Option<T> {
-    // SAFETY: the caller's contract: null or a live slot.
-    let slot = unsafe { module.cast::<Slot>().as_ref() }?;
-    if slot.busy.get() {
-        // Envoy calls no hook of a stream inside another.
-        return None;
-    }
-    slot.busy.set(true);
-    let mut filter = Filter {
-        ptr: envoy,
-        in_body,
-    };
-    // SAFETY: only this hook reaches the stream: `busy` keeps every other out, and a
-    // destruction meanwhile only marks the slot.
-    let stream = unsafe { &mut *slot.stream.get() };
-    let out = hook(stream, &mut filter);
-    slot.busy.set(false);
-    if slot.doomed.get() {
-        // SAFETY: Envoy destroyed the stream during the hook; nothing uses the slot after.
-        unsafe { free(module) };
-    }
-    Some(out)
+    guarded(None, || {
+        // SAFETY: the caller's contract: null or a live slot. Envoy runs a stream's hooks on
+        // one thread; the slot takes nested ones (`slot.rs`).
+        let slot = unsafe { module.cast::<Slot>().as_ref() }?;
+        let mut filter = Filter {
+            ptr: envoy,
+            in_body,
+        };
+        let (out, after) = hook(slot, &mut filter);
+        if after == After::Free {
+            // SAFETY: Envoy destroyed the stream during the hook, the outermost of it now
+            // returning; nothing uses the slot after.
+            unsafe { free(module) };
+        }
+        Some(out)
+    })
 }
 
 /// # Safety
-/// As for [`on_stream`]; the pointer is not used again.
+/// As for [`on_slot`], not null; the pointer is not used again.
 unsafe fn free(module: HttpFilterModulePtr) {
     // SAFETY: the caller's contract: a live slot from `on_http_filter_new`, freed once.
     let slot = unsafe { Box::from_raw(module.cast::<Slot>().cast_mut()) };
-    guarded((), move || slot.stream.into_inner().destroyed());
+    guarded((), move || slot.destroyed());
 }
 
-/// A header hook: what the stream answers; Continue without a stream or after a panic.
+/// A hook of the stream: `pass` without a stream, a busy one, or after a panic; `go` as for
+/// [`Slot::run`] (a request hook's Continue).
 ///
 /// # Safety
-/// As for [`on_stream`].
-unsafe fn on_headers(
+/// As for [`on_slot`].
+unsafe fn on_stream<T: Copy>(
     envoy: HttpFilterEnvoyPtr,
     module: HttpFilterModulePtr,
-    run: impl FnOnce(&mut Stream, &mut dyn Envoy) -> HeadStatus,
-) -> HeadStatus {
+    in_body: Option<Body>,
+    (pass, go): (T, Option<T>),
+    run: impl FnOnce(&mut Stream, &mut dyn Envoy) -> T,
+) -> T {
     // SAFETY: the caller's contract.
     unsafe {
-        on_stream(envoy, module, None, |s, f| {
-            s.guard(f, HeadStatus::Continue, false, run)
+        on_slot(envoy, module, in_body, |slot, filter| {
+            let (out, after) = slot.run(filter, go, |s, e| s.guard(e, pass, false, run));
+            (out.unwrap_or(pass), after)
         })
     }
-    .unwrap_or(HeadStatus::Continue)
-}
-
-/// A body hook, likewise.
-///
-/// # Safety
-/// As for [`on_stream`].
-unsafe fn on_body(
-    envoy: HttpFilterEnvoyPtr,
-    module: HttpFilterModulePtr,
-    body: Body,
-    run: impl FnOnce(&mut Stream, &mut dyn Envoy) -> DataStatus,
-) -> DataStatus {
-    // SAFETY: the caller's contract.
-    unsafe {
-        on_stream(envoy, module, Some(body), |s, f| {
-            s.guard(f, DataStatus::Continue, false, run)
-        })
-    }
-    .unwrap_or(DataStatus::Continue)
+    .unwrap_or(pass)
 }
 
 /// Envoy's header statuses (the request's and the response's have the same values).
@@ -383,9 +353,13 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_request_headers(
 ) -> OnHttpFilterRequestHeadersStatus {
     // SAFETY: Envoy's pointers of this hook: the stream's own, alive until it is destroyed.
     head_status(unsafe {
-        on_headers(filter_envoy_ptr, filter_module_ptr, |s, e| {
-            s.request_headers(e, end_of_stream)
-        })
+        on_stream(
+            filter_envoy_ptr,
+            filter_module_ptr,
+            None,
+            (HeadStatus::Continue, Some(HeadStatus::Continue)),
+            |s, e| s.request_headers(e, end_of_stream),
+        )
     })
 }
 
@@ -397,10 +371,11 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_request_body(
 ) -> OnHttpFilterRequestBodyStatus {
     // SAFETY: as for the request's headers.
     data_status(unsafe {
-        on_body(
+        on_stream(
             filter_envoy_ptr,
             filter_module_ptr,
-            Body::Request,
+            Some(Body::Request),
+            (DataStatus::Continue, Some(DataStatus::Continue)),
             |s, e| s.request_body(e, end_of_stream),
         )
     })
@@ -413,9 +388,13 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_request_trailers(
 ) -> OnHttpFilterRequestTrailersStatus {
     // SAFETY: as for the request's headers.
     unsafe {
-        on_stream(filter_envoy_ptr, filter_module_ptr, None, |s, f| {
-            s.guard(f, (), false, |s, e| s.request_trailers(e))
-        })
+        on_stream(
+            filter_envoy_ptr,
+            filter_module_ptr,
+            None,
+            ((), None),
+            |s, e| s.request_trailers(e),
+        )
     };
     envoy_dynamic_module_type_on_http_filter_request_trailers_status_Continue
 }
@@ -428,9 +407,13 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_response_headers(
 ) -> OnHttpFilterResponseHeadersStatus {
     // SAFETY: as for the request's headers.
     head_status(unsafe {
-        on_headers(filter_envoy_ptr, filter_module_ptr, |s, e| {
-            s.response_headers(e, end_of_stream)
-        })
+        on_stream(
+            filter_envoy_ptr,
+            filter_module_ptr,
+            None,
+            (HeadStatus::Continue, None),
+            |s, e| s.response_headers(e, end_of_stream),
+        )
     })
 }
 
@@ -442,10 +425,11 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_response_body(
 ) -> OnHttpFilterResponseBodyStatus {
     // SAFETY: as for the request's headers.
     data_status(unsafe {
-        on_body(
+        on_stream(
             filter_envoy_ptr,
             filter_module_ptr,
-            Body::Response,
+            Some(Body::Response),
+            (DataStatus::Continue, None),
             |s, e| s.response_body(e, end_of_stream),
         )
     })
@@ -458,9 +442,13 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_response_trailers(
 ) -> OnHttpFilterResponseTrailersStatus {
     // SAFETY: as for the request's headers.
     unsafe {
-        on_stream(filter_envoy_ptr, filter_module_ptr, None, |s, f| {
-            s.guard(f, (), false, |s, e| s.response_trailers(e))
-        })
+        on_stream(
+            filter_envoy_ptr,
+            filter_module_ptr,
+            None,
+            ((), None),
+            |s, e| s.response_trailers(e),
+        )
     };
     envoy_dynamic_module_type_on_http_filter_response_trailers_status_Continue
 }
@@ -473,8 +461,8 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_stream_complete(
 ) {
     // SAFETY: as for the request's headers.
     unsafe {
-        on_stream(filter_envoy_ptr, filter_module_ptr, None, |s, f| {
-            s.guard(f, (), false, |s, e| s.complete(e))
+        on_slot(filter_envoy_ptr, filter_module_ptr, None, |slot, filter| {
+            ((), slot.complete(filter))
         })
     };
 }
@@ -483,17 +471,16 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_stream_complete(
 pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_destroy(
     filter_module_ptr: HttpFilterModulePtr,
 ) {
-    // SAFETY: null or the stream's own slot, alive until this hook frees it.
-    let Some(slot) = (unsafe { filter_module_ptr.cast::<Slot>().as_ref() }) else {
-        return;
-    };
-    if slot.busy.get() {
-        // Inside one of the stream's hooks: freed when it returns.
-        slot.doomed.set(true);
-    } else {
-        // SAFETY: the slot is in no hook, and Envoy destroys a stream once.
-        unsafe { free(filter_module_ptr) };
-    }
+    guarded((), || {
+        // SAFETY: null or the stream's own slot, alive until it is freed.
+        let Some(slot) = (unsafe { filter_module_ptr.cast::<Slot>().as_ref() }) else {
+            return;
+        };
+        if slot.destroy() == After::Free {
+            // SAFETY: the slot is in no hook, and Envoy destroys a stream once.
+            unsafe { free(filter_module_ptr) };
+        }
+    })
 }
 
 #[no_mangle]
@@ -508,7 +495,7 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_http_callout_done(
     body_chunks: *mut EnvoyBuffer,
     body_chunks_size: usize,
 ) {
-    let answer = |s: &mut Stream, e: &mut dyn Envoy| {
+    let hook = |slot: &Slot, filter: &mut Filter| {
         // SAFETY: Envoy's lists of this hook.
         let (status, size, body) =
             unsafe { call_answer(result, headers, headers_size, body_chunks, body_chunks_size) };
@@ -517,14 +504,10 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_http_callout_done(
             size,
             body: &body,
         };
-        s.callout_done(e, callout_id, &answer)
+        ((), slot.answer(filter, callout_id, &answer))
     };
     // SAFETY: as for the request's headers.
-    unsafe {
-        on_stream(filter_envoy_ptr, filter_module_ptr, None, |s, f| {
-            s.guard(f, (), true, answer)
-        })
-    };
+    unsafe { on_slot(filter_envoy_ptr, filter_module_ptr, None, hook) };
 }
 
 // Hooks Envoy requires of every HTTP filter module; incontext starts no streams, schedules

@@ -5,7 +5,7 @@ use super::*;
 
 /// The bodies of a conversation's first turns, each with one more tool round (a model of its
 /// own: the table is the process's, shared by every test).
-fn turns(tag: &str, n: usize, cap: u64) -> Vec<Vec<u8>> {
+pub(super) fn turns(tag: &str, n: usize, cap: u64) -> Vec<Vec<u8>> {
     let question = format!("fix the bug {tag}");
     let mut messages = vec![serde_json::json!({"role": "user", "content": question})];
     let mut out = Vec::new();
@@ -33,7 +33,7 @@ fn turns(tag: &str, n: usize, cap: u64) -> Vec<Vec<u8>> {
 }
 
 /// A stream through its request (answered by `count` when it calls) and its answer.
-fn through(shared: &Arc<Shared>, body: &[u8], count: usize) -> (Stream, Fake) {
+pub(super) fn through(shared: &Arc<Shared>, body: &[u8], count: usize) -> (Stream, Fake) {
     let mut f = post(body);
     let mut s = Stream::new(shared.clone());
     assert_eq!(s.request_headers(&mut f, false), HeadStatus::Stop);
@@ -82,7 +82,7 @@ fn a_skipped_request_is_counted_after_its_stream_by_the_configuration() {
         assert_eq!(call.cluster, "vllm");
         assert!(call.headers.contains(&(":path".into(), "/tokenize".into())));
         assert!(!call.body.is_empty());
-        shared.calls.sent(*token, Some(42));
+        shared.calls.sent(*token, Some(42), &shared);
         // A count far above the bound, before or after the stream is gone.
         let reply = tokenizer_answer(30_000);
         if answer_first {
@@ -124,7 +124,7 @@ fn without_a_scheduler_no_call_is_handed_over() {
     assert_eq!(shared.calls.send("vllm", &[], &call, 100), None);
     shared.calls.set_wake(Box::new(|| {}));
     assert_eq!(shared.calls.send("vllm", &[], &call, 100), Some(0));
-    shared.calls.sent(0, None);
+    shared.calls.sent(0, None, &shared);
     assert_eq!(shared.calls.waiting(), 0);
     shared.calls.close();
     assert_eq!(shared.calls.send("vllm", &[], &call, 100), None);
@@ -168,7 +168,7 @@ fn the_count_of_a_request_whose_client_left_is_made_again_and_stored() {
         ])
     );
     assert_eq!(shared.calls.waiting(), 1);
-    shared.calls.sent(*token, Some(11));
+    shared.calls.sent(*token, Some(11), &shared);
     shared
         .calls
         .answered(11, &answer(&tokenizer_answer(1000)), &shared);

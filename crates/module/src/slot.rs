@@ -61,7 +61,8 @@ struct Deferred<'a> {
 }
 
 impl Deferred<'_> {
-    /// Makes the calls held back, the local reply first.
+    /// Makes the call held back: a local reply (after which the stream may be gone: nothing
+    /// else is made), or the request's resumption.
     fn flush(self) {
         if let Some((status, headers, body)) = self.reply {
             let headers: Vec<(&str, &str)> = headers
@@ -69,8 +70,7 @@ impl Deferred<'_> {
                 .map(|(k, v)| (k.as_str(), v.as_str()))
                 .collect();
             self.envoy.send_response(status, &headers, &body);
-        }
-        if self.resume {
+        } else if self.resume {
             self.envoy.resume_request();
         }
     }

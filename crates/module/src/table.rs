@@ -117,8 +117,6 @@ mod tests {
 
     #[test]
     fn every_thread_sees_every_other_threads_writes() {
-        // Stores a thread makes: fewer under Miri (an interpreter), still about 50 a set.
-        const WRITES: u64 = if cfg!(miri) { 200 } else { 5000 };
         let t = std::sync::Arc::new(Table::new(1000));
         let writers: Vec<_> = (0..4)
             .map(|w| {

@@ -392,7 +392,8 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_request_trailers(
             filter_envoy_ptr,
             filter_module_ptr,
             None,
-            ((), None),
+            // The hook answers Continue: a resumption decided inside it is that answer.
+            ((), Some(())),
             |s, e| s.request_trailers(e),
         )
     };

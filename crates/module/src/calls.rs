@@ -50,6 +50,19 @@ struct State {
     /// Such answers, by Envoy's callout id, until the send returns (at most
     /// [`MAX_EARLY`]).
     early: Vec<(u64, Answer)>,
+    /// The payload's size of each call not answered yet (Envoy holds a copy while it is out),
+    /// and their sum (at most [`MAX_PAYLOAD_BYTES`]).
+    payloads: HashMap<u32, usize>,
+    held: usize,
+}
+
+impl State {
+    /// Call `token` is answered or refused: Envoy no longer holds its payload.
+    fn done(&mut self, token: u32) {
+        if let Some(n) = self.payloads.remove(&token) {
+            self.held -= n;
+        }
+    }
 }
 
 /// At most this many answers come inside their sends, in one batch of sends.
@@ -58,16 +71,37 @@ const MAX_EARLY: usize = 64;
 /// Wakes Envoy's main thread (the configuration's scheduler).
 pub type Wake = Box<dyn Fn() + Send + Sync>;
 
-#[derive(Default)]
 pub struct Calls {
     state: Mutex<State>,
     wake: Mutex<Option<Wake>>,
+    /// [`MAX_PAYLOAD_BYTES`], or less in tests.
+    max_payload: usize,
+}
+
+impl Default for Calls {
+    fn default() -> Calls {
+        Calls::with_max_payload(MAX_PAYLOAD_BYTES)
+    }
 }
 
 /// At most this many calls wait at once; past it a call is not made (as a refused dispatch).
 pub const MAX_WAITING: usize = 4096;
 
+/// At most this many bytes of payload are out in calls of one configuration at once (a burst
+/// of large prompts whose clients left, on a tokenizer that does not answer); past it a call
+/// is not made.
+pub const MAX_PAYLOAD_BYTES: usize = 256 << 20;
+
 impl Calls {
+    /// Calls of a configuration with at most `max_payload` bytes out at once.
+    pub fn with_max_payload(max_payload: usize) -> Calls {
+        Calls {
+            state: Mutex::default(),
+            wake: Mutex::default(),
+            max_payload,
+        }
+    }
+
     /// How the main thread is woken; until set (and after [`Calls::close`]), no call is made.
     pub fn set_wake(&self, wake: Wake) {
         if let Ok(mut w) = self.wake.lock() {
@@ -94,7 +128,8 @@ impl Calls {
         let wake = wake.as_ref()?;
         let token = {
             let mut state = self.state.lock().ok()?;
-            if state.waiting.len() >= MAX_WAITING {
+            let size = call.body.as_ref().map_or(0, Vec::len);
+            if state.waiting.len() >= MAX_WAITING || state.held + size > self.max_payload {
                 return None;
             }
             let token = state.next;
@@ -110,6 +145,8 @@ impl Calls {
             };
             state.queue.push((token, outgoing));
             state.waiting.insert(token, Waiting::Stream);
+            state.payloads.insert(token, size);
+            state.held += size;
             token
         };
         wake();
@@ -137,6 +174,7 @@ impl Calls {
             };
             let Some(id) = id else {
                 state.waiting.remove(&token);
+                state.done(token);
                 log::debug!("incontext: a count after its stream could not be sent");
                 return;
             };
@@ -145,6 +183,7 @@ impl Calls {
                 return;
             };
             let (_, answer) = state.early.swap_remove(at);
+            state.done(token);
             match settle(&mut state, token, answer) {
                 Some(delivery) => delivery,
                 None => return,
@@ -205,6 +244,7 @@ impl Calls {
                 }
                 return;
             };
+            state.done(token);
             match state.waiting.remove(&token) {
                 Some(Waiting::Orphan(orphan)) => orphan,
                 Some(Waiting::Stream) => {
@@ -221,6 +261,11 @@ impl Calls {
     /// Calls waiting (handed over, sent, or answered before their orphan).
     pub fn waiting(&self) -> usize {
         self.state.lock().map(|s| s.waiting.len()).unwrap_or(0)
+    }
+
+    /// The bytes of payload of the calls out (not answered yet).
+    pub fn payload_bytes(&self) -> usize {
+        self.state.lock().map(|s| s.held).unwrap_or(0)
     }
 }
 

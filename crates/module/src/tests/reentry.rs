@@ -246,3 +246,35 @@ fn a_configuration_call_answered_inside_its_send_is_taken_when_sent() {
         assert_eq!(shared.calls.waiting(), 0, "refused: {refused}");
     }
 }
+
+#[test]
+fn the_payload_of_the_calls_out_is_bounded() {
+    let (shared, _) = shared(CONFIG);
+    let calls = crate::calls::Calls::with_max_payload(100);
+    calls.set_wake(Box::new(|| {}));
+    let call = |n: usize| incontext_core::flow::Call {
+        method: "POST",
+        path: "/tokenize".into(),
+        body: Some(vec![b'x'; n]),
+        kind: incontext_core::backend::CallKind::Tokenize,
+    };
+    assert_eq!(calls.send("vllm", &[], &call(60), 100), Some(0));
+    assert_eq!(
+        calls.send("vllm", &[], &call(41), 100),
+        None,
+        "over the bound"
+    );
+    assert_eq!(calls.send("vllm", &[], &call(40), 100), Some(1));
+    assert_eq!(calls.payload_bytes(), 100);
+    let out = calls.take();
+    assert_eq!(out.len(), 2);
+    // Refused by Envoy, or answered: its payload is no longer out.
+    calls.sent(0, None, &shared);
+    assert_eq!(calls.payload_bytes(), 40);
+    calls.sent(1, Some(3), &shared);
+    calls.all_sent();
+    assert_eq!(calls.payload_bytes(), 40);
+    calls.answered(3, &answer(&tokenizer_answer(5)), &shared);
+    assert_eq!(calls.payload_bytes(), 0);
+    assert_eq!(calls.send("vllm", &[], &call(100), 100), Some(2));
+}

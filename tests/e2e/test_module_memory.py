@@ -5,7 +5,8 @@ The real Envoy 1.40 runs envoy/envoy-module.yaml as shipped (its `memory_allocat
 included), with the environment docs/module.md asks for (`GLIBC_TUNABLES=glibc.pthread.rseq=0`,
 so that Envoy's allocator keeps per-CPU caches rather than per-thread ones), in front of a
 scripted tokenizer that reads every call and never answers, so each
-budgeted request stays held while its count is out. 500 requests of 4 MiB, 64 at a time, are
+budgeted request stays held while its count is out (and each count whose client left is made
+again by the configuration, held by Envoy until its timeout). 500 requests of 4 MiB, 64 at a time, are
 abandoned by their clients: in each wave half of them once their count is out (Envoy holds the
 body and the module its copy and the count call), half in the middle of their body (Envoy and
 the module still buffering). Afterwards Envoy's resident memory must come back to within 10 %
@@ -159,11 +160,13 @@ def abandon_wave(envoy: Envoy, tokenizer: SilentTokenizer, first: int, n: int, s
                 whole += 1
             else:
                 s.sendall(data[: len(data) // 2])
+        # The counts of the wave before, made again by the configuration once their clients
+        # left (docs/module.md), arrive meanwhile too: at least this wave's are out.
         deadline = time.monotonic() + 30
         while tokenizer.count() - before < whole and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert tokenizer.count() - before == whole, \
-            f"{tokenizer.count() - before} count calls out, {whole} expected"
+        assert tokenizer.count() - before >= whole, \
+            f"{tokenizer.count() - before} count calls out, {whole} expected at least"
     finally:
         for s in socks:
             # A reset, as a client that gives up does: nothing lingers on Envoy's side.
@@ -181,7 +184,10 @@ def wait_idle(envoy: Envoy, timeout: float = 30.0):
 @pytest.mark.glues("module")
 def test_abandoned_large_requests_leave_no_memory_behind(envoy_bin, glue, tmp_path):
     tokenizer = SilentTokenizer().start()
-    plugin = {**MAIN, "tokenizer": {**MAIN["tokenizer"], "timeout_ms": 60000},
+    # The counts stay out while a wave is sent (a few seconds); the ones the configuration
+    # makes again after their clients left end at this timeout, well before the allocator's
+    # release interval.
+    plugin = {**MAIN, "tokenizer": {**MAIN["tokenizer"], "timeout_ms": 15000},
               "context_length": 1 << 20}
     envoy = Envoy(envoy_bin, tmp_path, plugin, ("127.0.0.1", tokenizer.port), glue="module",
                   name="module", log_args=("-l", "info"), env=ENVIRONMENT)

@@ -10,12 +10,12 @@
 //! code.
 
 #![allow(non_upper_case_globals, clippy::missing_safety_doc)]
+#![deny(clippy::undocumented_unsafe_blocks)]
 
 use crate::config;
 use crate::envoy::{Body, Envoy, Headers};
 use crate::metrics::Define;
 use crate::stream::{CallAnswer, DataStatus, HeadStatus, Shared, Stream};
-use std::cell::{Cell, UnsafeCell};
 use std::ffi::{c_char, c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr::{null, null_mut};
@@ -263,7 +263,8 @@ unsafe fn envoy_bytes<'a>(b: EnvoyBuffer) -> &'a [u8] {
     if b.ptr.is_null() || b.length == 0 {
         &[]
     } else {
-        std::slice::from_raw_parts(b.ptr.cast(), b.length)
+        // SAFETY: Envoy's buffer of this hook: `length` readable bytes at `ptr`, not null.
+        unsafe { std::slice::from_raw_parts(b.ptr.cast(), b.length) }
     }
 }
 
@@ -276,7 +277,9 @@ unsafe fn envoy_bytes_mut<'a>(b: EnvoyBuffer) -> &'a mut [u8] {
     if b.ptr.is_null() || b.length == 0 {
         &mut []
     } else {
-        std::slice::from_raw_parts_mut(b.ptr.cast_mut().cast(), b.length)
+        // SAFETY: the caller's contract: `length` writable bytes at `ptr`, borrowed nowhere
+        // else.
+        unsafe { std::slice::from_raw_parts_mut(b.ptr.cast_mut().cast(), b.length) }
     }
 }
 
@@ -288,7 +291,8 @@ unsafe fn envoy_list<'a, T>(ptr: *const T, len: usize) -> &'a [T] {
     if ptr.is_null() || len == 0 {
         &[]
     } else {
-        std::slice::from_raw_parts(ptr, len)
+        // SAFETY: the caller's contract: `len` items at `ptr`, not null.
+        unsafe { std::slice::from_raw_parts(ptr, len) }
     }
 }
 
@@ -620,16 +624,19 @@ unsafe fn callout<P>(
 ) -> Option<u64> {
     let mut list = module_headers(headers);
     let mut id = 0u64;
-    // Envoy copies every buffer before it returns.
-    let result = start(
-        ptr,
-        &mut id,
-        module_buffer(cluster.as_bytes()),
-        list.as_mut_ptr(),
-        list.len(),
-        module_buffer(body),
-        timeout_ms,
-    );
+    // SAFETY: `ptr` is what `start` takes (the caller's contract); every buffer and the
+    // header list outlive the call, and Envoy copies them before it returns.
+    let result = unsafe {
+        start(
+            ptr,
+            &mut id,
+            module_buffer(cluster.as_bytes()),
+            list.as_mut_ptr(),
+            list.len(),
+            module_buffer(body),
+            timeout_ms,
+        )
+    };
     (result == envoy_dynamic_module_type_http_callout_init_result_Success).then_some(id)
 }
 

@@ -5,7 +5,7 @@
 //! wasm filter sends it). Every panic is caught here ([`Stream::guard`]) and the stream then
 //! passes everything as it comes.
 
-use crate::calls::Calls;
+use crate::calls::{Calls, Detached};
 use crate::envoy::{Body, Envoy, Headers};
 use crate::metrics::{Deferred, Metrics};
 use crate::part;
@@ -17,6 +17,7 @@ use incontext_core::flow::{
     RequestHeadStep, Rewrite, Step, MAX_REPLY_BYTES,
 };
 use incontext_core::response;
+use std::cell::Cell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
@@ -53,10 +54,9 @@ pub enum DataStatus {
 struct View<'a> {
     envoy: &'a mut dyn Envoy,
     metrics: &'a Metrics,
-    /// Calls go out on behalf of the configuration (the stream is ending).
-    later: Option<&'a Calls>,
-    /// A call went out on behalf of the configuration.
-    handed: bool,
+    /// Calls go out on behalf of the configuration (the stream is ending), and the token of
+    /// the one handed over is kept here.
+    later: Option<(&'a Calls, &'a Cell<Option<u32>>)>,
 }
 
 /// The clock, in milliseconds since the epoch.
@@ -83,9 +83,11 @@ impl Host for View<'_> {
         call: &Call,
         timeout_ms: u64,
     ) -> Option<u32> {
-        if let Some(calls) = self.later {
+        if let Some((calls, handed)) = self.later {
             let token = calls.send(cluster, headers, call, timeout_ms);
-            self.handed |= token.is_some();
+            if token.is_some() {
+                handed.set(token);
+            }
             return token;
         }
         let body = call.body.as_deref().unwrap_or_default();
@@ -262,8 +264,8 @@ pub struct Stream {
     held: bool,
     /// A panic was caught: everything passes as it comes.
     broken: bool,
-    /// The call still out was made on behalf of the configuration (after the stream).
-    later: bool,
+    /// The call made on behalf of the configuration after the stream, when one was.
+    handed: Cell<Option<u32>>,
 }
 
 impl Stream {
@@ -275,7 +277,7 @@ impl Stream {
             declared: None,
             held: false,
             broken: false,
-            later: false,
+            handed: Cell::new(None),
         }
     }
 
@@ -317,7 +319,6 @@ impl Stream {
             envoy,
             metrics: &self.shared.metrics,
             later: None,
-            handed: false,
         };
         let out = f(&mut self.exchange, &self.shared.plugin, &mut view);
         publish(&mut self.exchange, view.envoy);
@@ -546,27 +547,36 @@ impl Stream {
         let mut view = View {
             envoy,
             metrics: &shared.metrics,
-            later: Some(&shared.calls),
-            handed: false,
+            later: Some((&shared.calls, &self.handed)),
         };
         self.exchange.on_stream_end(&shared.plugin, &mut view);
-        self.later = view.handed;
     }
 
     /// The stream is gone. A count made after it goes on without it (its answer is stored);
-    /// Envoy cancels the stream's own calls: such a call still out is not kept
+    /// a call of the stream's own still out (its client left) was cancelled by Envoy with the
+    /// stream: it is made again by the configuration, and its answer stored likewise
     /// (docs/module.md).
     pub fn destroyed(mut self) {
+        let shared = self.shared.clone();
         if self.broken {
+            // A panic left the exchange: a call it handed over waits for nothing.
+            if let Some(token) = self.handed.get() {
+                shared.calls.forget(token);
+            }
             return;
         }
-        let Some(orphan) = self.exchange.abandon() else {
-            return;
-        };
-        if self.later {
-            self.shared.calls.adopt(orphan, &self.shared);
+        let orphan = if self.handed.get().is_some() {
+            self.exchange.abandon()
         } else {
-            log::debug!("incontext: a tokenizer call was cancelled with its stream");
+            let mut host = Detached {
+                metrics: &shared.metrics,
+                deferred: &shared.deferred,
+                calls: Some(&shared.calls),
+            };
+            self.exchange.abandon_again(&shared.plugin, &mut host)
+        };
+        if let Some(orphan) = orphan {
+            shared.calls.adopt(orphan, &shared);
         }
     }
 }

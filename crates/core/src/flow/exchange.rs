@@ -393,6 +393,19 @@ impl Exchange {
         }
     }
 
+    /// The stream ended and the host cancelled its call with it: the call is made again
+    /// through `host` and its orphan waits for that one ([`Orphan::again`]). The exchange then
+    /// passes everything.
+    pub fn abandon_again(&mut self, plugin: &Plugin, host: &mut dyn Host) -> Option<Orphan> {
+        match std::mem::take(&mut self.state) {
+            State::Waiting(w) => {
+                let mut ctx = self.ctx(plugin, host);
+                Orphan::again(&mut ctx, w, self.route)
+            }
+            _ => None,
+        }
+    }
+
     /// The token of the call that is out, if any.
     pub fn pending_token(&self) -> Option<u32> {
         match &self.state {

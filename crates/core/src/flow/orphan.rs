@@ -3,10 +3,10 @@
 //! checked bound), so the next identical request need not ask again. It holds the cache key,
 //! the model and the conversation's last link, not the body.
 
-use super::route::RouteId;
+use super::route::{Ctx, RouteId};
 use super::state::{Awaited, Sent, Waiting};
 use super::{check, context, count, Host, Metric, Plugin, Reply};
-use crate::backend::CallKind;
+use crate::backend::{self, CallKind};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Orphan {
@@ -47,6 +47,24 @@ impl Orphan {
             link: pending.link,
             route,
         })
+    }
+
+    /// What a call in flight still needs once its request is gone, when the host cancelled
+    /// that call with the request (a native module's stream takes its calls with it): the
+    /// same call is made again through `ctx` (by what outlives the request), not counted
+    /// again, and the orphan waits for its reply. `None`: nothing left to wait for, or the
+    /// call could not be made.
+    pub(super) fn again(ctx: &mut Ctx, waiting: Waiting, route: RouteId) -> Option<Orphan> {
+        let pending = &waiting.pending;
+        let call = match waiting.awaited {
+            Awaited::Context => backend::window_call(ctx.config()),
+            Awaited::Count | Awaited::Check { .. } => {
+                backend::count_call(ctx.config(), &pending.req, &pending.body)?
+            }
+            Awaited::Tail(_) => return None,
+        };
+        let token = ctx.dispatch_again(&call)?;
+        Orphan::of(Waiting { token, ..waiting }, route)
     }
 
     /// The token of the call it waits for.

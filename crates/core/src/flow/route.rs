@@ -144,11 +144,17 @@ impl Ctx<'_> {
 
     /// Sends a call to the route's tokenizer; the token of its reply.
     pub fn dispatch(&mut self, call: &Call) -> Option<u32> {
+        self.count(Metric::TokenizerCalls);
+        self.dispatch_again(call)
+    }
+
+    /// Sends a call counted already (`incontext_tokenizer_calls`) once more: the host
+    /// cancelled the first with its request (an orphan made again).
+    pub fn dispatch_again(&mut self, call: &Call) -> Option<u32> {
         let config = &self.route.config;
         let t = &config.tokenizer;
         let length = call.body.as_ref().map(|b| b.len().to_string());
         let headers = backend::call_headers(config, call, length.as_deref());
-        self.count(Metric::TokenizerCalls);
         let token = self.host.dispatch(&t.cluster, &headers, call, t.timeout_ms);
         if token.is_none() {
             log::warn!("incontext: tokenizer call not dispatched");

@@ -1,73 +1,89 @@
-//! The event hooks Envoy calls: each hands its callback to the configuration or the stream,
-//! under [`Stream::guard`].
+//! The event hooks Envoy calls: each runs whole under the panic guard ([`guarded`], and
+//! [`Stream::guard`] around a stream's work) and hands its callback to the configuration or
+//! the stream. A hook with nothing to do (the stream-callout and watermark hooks) has no body
+//! to guard.
 
 use super::*;
+use crate::slot::{After, Slot};
 
 const ABI_VERSION_C: &CStr = c"v0.1.0";
 
-#[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_program_init() -> AbiVersionModulePtr {
-    if log::set_logger(&LOG).is_ok() {
-        log::set_max_level(log::LevelFilter::Trace);
-    }
-    // A panic's message could quote a request: only where it happened is logged.
-    std::panic::set_hook(Box::new(|info| {
-        log::error!("{}", incontext_core::panic_line(info.location()));
-    }));
-    ABI_VERSION_C.as_ptr()
+/// Runs `f`; `fallback` after a panic in it (the panic hook has logged where): no panic
+/// crosses into Envoy.
+fn guarded<T>(fallback: T, f: impl FnOnce() -> T) -> T {
+    catch_unwind(AssertUnwindSafe(f)).unwrap_or(fallback)
 }
 
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_program_init() -> AbiVersionModulePtr {
+    guarded(null(), || {
+        if log::set_logger(&LOG).is_ok() {
+            log::set_max_level(log::LevelFilter::Trace);
+        }
+        // A panic's message could quote a request: only where it happened is logged.
+        std::panic::set_hook(Box::new(|info| {
+            log::error!("{}", incontext_core::panic_line(info.location()));
+        }));
+        ABI_VERSION_C.as_ptr()
+    })
+}
+
+/// A configuration Envoy loads: its module pointer (an `Arc<Shared>` boxed), null when it is
+/// refused (the line saying why is logged; Envoy then refuses the configuration).
 #[no_mangle]
 pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_new(
     filter_config_envoy_ptr: HttpFilterConfigEnvoyPtr,
     name: EnvoyBuffer,
     config: EnvoyBuffer,
 ) -> HttpFilterConfigModulePtr {
-    let (name, config) = (envoy_bytes(name), envoy_bytes(config));
-    let loaded = catch_unwind(AssertUnwindSafe(|| {
+    guarded(null(), || {
+        // SAFETY: Envoy's buffers of this hook.
+        let (name, config) = unsafe { (envoy_bytes(name), envoy_bytes(config)) };
         let mut define = ConfigDefine(filter_config_envoy_ptr);
-        config::load(&mut define, name, config, |v| std::env::var(v).ok())
-    }));
-    match loaded {
-        Ok(Ok(shared)) => {
-            let scheduler = envoy_dynamic_module_callback_http_filter_config_scheduler_new(
-                filter_config_envoy_ptr,
-            );
-            if !scheduler.is_null() {
-                let scheduler = Scheduler(scheduler);
-                shared.calls.set_wake(Box::new(move || scheduler.commit()));
+        let shared = match config::load(&mut define, name, config, |v| std::env::var(v).ok()) {
+            Ok(shared) => shared,
+            Err(line) => {
+                log::error!("{line}");
+                return null();
             }
-            Box::into_raw(Box::new(Arc::new(shared)))
-                .cast_const()
-                .cast()
+        };
+        // SAFETY: the configuration of this hook.
+        let scheduler = unsafe {
+            envoy_dynamic_module_callback_http_filter_config_scheduler_new(filter_config_envoy_ptr)
+        };
+        if !scheduler.is_null() {
+            let scheduler = Scheduler(scheduler);
+            shared.calls.set_wake(Box::new(move || scheduler.commit()));
         }
-        Ok(Err(line)) => {
-            log::error!("{line}");
-            null()
-        }
-        Err(_) => null(),
-    }
+        Box::into_raw(Box::new(Arc::new(shared)))
+            .cast_const()
+            .cast()
+    })
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_destroy(
     filter_config_ptr: HttpFilterConfigModulePtr,
 ) {
-    if !filter_config_ptr.is_null() {
-        let config = Box::from_raw(filter_config_ptr.cast::<Arc<Shared>>().cast_mut());
-        let _ = catch_unwind(AssertUnwindSafe(move || {
-            config.calls.close();
-            drop(config)
-        }));
-    }
+    guarded((), || {
+        if filter_config_ptr.is_null() {
+            return;
+        }
+        // SAFETY: a pointer `config_new` made (`Box<Arc<Shared>>`); Envoy destroys it once.
+        let config = unsafe { Box::from_raw(filter_config_ptr.cast::<Arc<Shared>>().cast_mut()) };
+        config.calls.close();
+        drop(config)
+    })
 }
 
 /// A configuration's scheduler: it wakes Envoy's main thread for the configuration's calls
 /// (`on_http_filter_config_scheduled`). Deleted with the last reference to it.
 struct Scheduler(HttpFilterConfigSchedulerModulePtr);
 
-// SAFETY: Envoy's configuration scheduler may be committed from any thread.
+// SAFETY: Envoy's configuration scheduler may be committed from any thread, and deleted from
+// any (abi.h).
 unsafe impl Send for Scheduler {}
+// SAFETY: as for `Send`: `commit` is the only call through a shared reference.
 unsafe impl Sync for Scheduler {}
 
 impl Scheduler {
@@ -89,7 +105,8 @@ impl Drop for Scheduler {
 /// # Safety
 /// `ptr` must be a pointer `on_http_filter_config_new` returned and not yet destroyed.
 unsafe fn config_of<'a>(ptr: HttpFilterConfigModulePtr) -> Option<&'a Arc<Shared>> {
-    ptr.cast::<Arc<Shared>>().as_ref()
+    // SAFETY: the caller's contract: null or a live `Box<Arc<Shared>>`.
+    unsafe { ptr.cast::<Arc<Shared>>().as_ref() }
 }
 
 /// Envoy's main thread, woken for the configuration's calls: each goes out.
@@ -99,10 +116,11 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_scheduled(
     filter_config_ptr: HttpFilterConfigModulePtr,
     _event_id: u64,
 ) {
-    let Some(shared) = config_of(filter_config_ptr) else {
-        return;
-    };
-    let _ = catch_unwind(AssertUnwindSafe(|| {
+    guarded((), || {
+        // SAFETY: Envoy hands the configuration's own pointer, alive during its hooks.
+        let Some(shared) = (unsafe { config_of(filter_config_ptr) }) else {
+            return;
+        };
         for (token, call) in shared.calls.take() {
             let headers: Vec<(&str, &str)> = call
                 .headers
@@ -110,17 +128,20 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_scheduled(
                 .map(|(k, v)| (k.as_str(), v.as_str()))
                 .collect();
             // SAFETY: the configuration of this hook.
-            let id = callout(
-                envoy_dynamic_module_callback_http_filter_config_http_callout,
-                filter_config_envoy_ptr,
-                &call.cluster,
-                &headers,
-                &call.body,
-                call.timeout_ms,
-            );
-            shared.calls.sent(token, id);
+            let id = unsafe {
+                callout(
+                    envoy_dynamic_module_callback_http_filter_config_http_callout,
+                    filter_config_envoy_ptr,
+                    &call.cluster,
+                    &headers,
+                    &call.body,
+                    call.timeout_ms,
+                )
+            };
+            shared.calls.sent(token, id, shared);
         }
-    }));
+        shared.calls.all_sent();
+    })
 }
 
 #[no_mangle]
@@ -135,19 +156,21 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_http_callout
     body_chunks: *mut EnvoyBuffer,
     body_chunks_size: usize,
 ) {
-    let Some(shared) = config_of(filter_config_ptr) else {
-        return;
-    };
-    let (status, size, body) =
-        call_answer(result, headers, headers_size, body_chunks, body_chunks_size);
-    let answer = CallAnswer {
-        status,
-        size,
-        body: &body,
-    };
-    let _ = catch_unwind(AssertUnwindSafe(|| {
+    guarded((), || {
+        // SAFETY: Envoy hands the configuration's own pointer, alive during its hooks.
+        let Some(shared) = (unsafe { config_of(filter_config_ptr) }) else {
+            return;
+        };
+        // SAFETY: Envoy's lists of this hook.
+        let (status, size, body) =
+            unsafe { call_answer(result, headers, headers_size, body_chunks, body_chunks_size) };
+        let answer = CallAnswer {
+            status,
+            size,
+            body: &body,
+        };
         shared.calls.answered(callout_id, &answer, shared)
-    }));
+    })
 }
 
 /// A call's answer as Envoy hands it over: its status (`None` without a response), its body's
@@ -162,19 +185,29 @@ unsafe fn call_answer(
     body_chunks: *mut EnvoyBuffer,
     body_chunks_size: usize,
 ) -> (Option<u16>, usize, Vec<u8>) {
-    let headers = envoy_list(headers.cast_const(), headers_size);
-    let chunks = envoy_list(body_chunks.cast_const(), body_chunks_size);
+    // SAFETY: the caller's contract: Envoy's lists of this hook, or null.
+    let (headers, chunks) = unsafe {
+        (
+            envoy_list(headers.cast_const(), headers_size),
+            envoy_list(body_chunks.cast_const(), body_chunks_size),
+        )
+    };
     let status = (result == envoy_dynamic_module_type_http_callout_result_Success)
         .then(|| {
             headers.iter().find_map(|h| {
-                let key = envoy_bytes(EnvoyBuffer {
-                    ptr: h.key_ptr,
-                    length: h.key_length,
-                });
-                let value = envoy_bytes(EnvoyBuffer {
-                    ptr: h.value_ptr,
-                    length: h.value_length,
-                });
+                // SAFETY: a header Envoy handed over in this hook.
+                let (key, value) = unsafe {
+                    (
+                        envoy_bytes(EnvoyBuffer {
+                            ptr: h.key_ptr,
+                            length: h.key_length,
+                        }),
+                        envoy_bytes(EnvoyBuffer {
+                            ptr: h.value_ptr,
+                            length: h.value_length,
+                        }),
+                    )
+                };
                 (key == b":status")
                     .then(|| std::str::from_utf8(value).ok()?.trim().parse::<u16>().ok())
                     .flatten()
@@ -186,7 +219,8 @@ unsafe fn call_answer(
     if size <= incontext_core::flow::MAX_REPLY_BYTES {
         body.reserve(size);
         for c in chunks {
-            body.extend_from_slice(envoy_bytes(*c));
+            // SAFETY: a chunk Envoy handed over in this hook.
+            body.extend_from_slice(unsafe { envoy_bytes(*c) });
         }
     }
     (status, size, body)
@@ -198,8 +232,10 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_per_route_config_new(
     _name: EnvoyBuffer,
     _config: EnvoyBuffer,
 ) -> HttpFilterPerRouteConfigModulePtr {
-    log::error!("incontext: per-route configurations are not supported");
-    null()
+    guarded(null(), || {
+        log::error!("incontext: per-route configurations are not supported");
+        null()
+    })
 }
 
 #[no_mangle]
@@ -208,105 +244,78 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_per_route_config_destroy(
 ) {
 }
 
-/// A stream as Envoy holds it for the module. Envoy may end a stream inside a callback the
-/// stream made (a local reply): its destruction then waits until that hook returns.
-struct Slot {
-    busy: Cell<bool>,
-    doomed: Cell<bool>,
-    stream: UnsafeCell<Stream>,
-}
-
 #[no_mangle]
 pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_new(
     filter_config_ptr: HttpFilterConfigModulePtr,
     _filter_envoy_ptr: HttpFilterEnvoyPtr,
 ) -> HttpFilterModulePtr {
-    if filter_config_ptr.is_null() {
-        return null();
-    }
-    let shared = &*filter_config_ptr.cast::<Arc<Shared>>();
-    let made = catch_unwind(AssertUnwindSafe(|| {
-        Box::new(Slot {
-            busy: Cell::new(false),
-            doomed: Cell::new(false),
-            stream: UnsafeCell::new(Stream::new(shared.clone())),
-        })
-    }));
-    match made {
-        Ok(slot) => Box::into_raw(slot).cast_const().cast(),
-        Err(_) => null(),
-    }
+    guarded(null(), || {
+        // SAFETY: Envoy hands the configuration's own pointer, alive while it makes streams.
+        let Some(shared) = (unsafe { config_of(filter_config_ptr) }) else {
+            return null();
+        };
+        let slot = Box::new(Slot::new(Stream::new(shared.clone())));
+        Box::into_raw(slot).cast_const().cast()
+    })
 }
 
-/// Runs a hook on the stream behind a module pointer, with Envoy's filter for this hook;
-/// `None` for a null pointer.
+/// Runs `hook` on the slot behind a module pointer, with Envoy's filter for this hook, then
+/// frees the slot when Envoy destroyed the stream meanwhile; `None` for a null pointer.
 ///
 /// # Safety
-/// `module` must be a pointer `on_http_filter_new` returned and not yet destroyed.
-unsafe fn on_stream<T>(
+/// `module` must be null or a pointer `on_http_filter_new` returned and not yet freed.
+unsafe fn on_slot<T>(
     envoy: HttpFilterEnvoyPtr,
     module: HttpFilterModulePtr,
     in_body: Option<Body>,
-    hook: impl FnOnce(&mut Stream, &mut Filter) -> T,
+    hook: impl FnOnce(&Slot, &mut Filter) -> (T, After),
 ) -> Option<T> {
-    let slot = module.cast::<Slot>().as_ref()?;
-    if slot.busy.get() {
-        // Envoy calls no hook of a stream inside another.
-        return None;
-    }
-    slot.busy.set(true);
-    let mut filter = Filter {
-        ptr: envoy,
-        in_body,
-    };
-    // SAFETY: only this hook reaches the stream: `busy` keeps every other out, and a
-    // destruction meanwhile only marks the slot.
-    let out = hook(&mut *slot.stream.get(), &mut filter);
-    slot.busy.set(false);
-    if slot.doomed.get() {
-        free(module);
-    }
-    Some(out)
+    guarded(None, || {
+        // SAFETY: the caller's contract: null or a live slot. Envoy runs a stream's hooks on
+        // one thread; the slot takes nested ones (`slot.rs`).
+        let slot = unsafe { module.cast::<Slot>().as_ref() }?;
+        let mut filter = Filter {
+            ptr: envoy,
+            in_body,
+        };
+        let (out, after) = hook(slot, &mut filter);
+        if after == After::Free {
+            // SAFETY: Envoy destroyed the stream during the hook, the outermost of it now
+            // returning; nothing uses the slot after.
+            unsafe { free(module) };
+        }
+        Some(out)
+    })
 }
 
 /// # Safety
-/// As for [`on_stream`]; the pointer is not used again.
+/// As for [`on_slot`], not null; the pointer is not used again.
 unsafe fn free(module: HttpFilterModulePtr) {
-    let slot = Box::from_raw(module.cast::<Slot>().cast_mut());
-    let _ = catch_unwind(AssertUnwindSafe(move || {
-        slot.stream.into_inner().destroyed()
-    }));
+    // SAFETY: the caller's contract: a live slot from `on_http_filter_new`, freed once.
+    let slot = unsafe { Box::from_raw(module.cast::<Slot>().cast_mut()) };
+    guarded((), move || slot.destroyed());
 }
 
-/// A header hook: what the stream answers; Continue without a stream or after a panic.
+/// A hook of the stream: `pass` without a stream, a busy one, or after a panic; `go` as for
+/// [`Slot::run`] (a request hook's Continue).
 ///
 /// # Safety
-/// As for [`on_stream`].
-unsafe fn on_headers(
+/// As for [`on_slot`].
+unsafe fn on_stream<T: Copy>(
     envoy: HttpFilterEnvoyPtr,
     module: HttpFilterModulePtr,
-    run: impl FnOnce(&mut Stream, &mut dyn Envoy) -> HeadStatus,
-) -> HeadStatus {
-    on_stream(envoy, module, None, |s, f| {
-        s.guard(f, HeadStatus::Continue, false, run)
-    })
-    .unwrap_or(HeadStatus::Continue)
-}
-
-/// A body hook, likewise.
-///
-/// # Safety
-/// As for [`on_stream`].
-unsafe fn on_body(
-    envoy: HttpFilterEnvoyPtr,
-    module: HttpFilterModulePtr,
-    body: Body,
-    run: impl FnOnce(&mut Stream, &mut dyn Envoy) -> DataStatus,
-) -> DataStatus {
-    on_stream(envoy, module, Some(body), |s, f| {
-        s.guard(f, DataStatus::Continue, false, run)
-    })
-    .unwrap_or(DataStatus::Continue)
+    in_body: Option<Body>,
+    (pass, go): (T, Option<T>),
+    run: impl FnOnce(&mut Stream, &mut dyn Envoy) -> T,
+) -> T {
+    // SAFETY: the caller's contract.
+    unsafe {
+        on_slot(envoy, module, in_body, |slot, filter| {
+            let (out, after) = slot.run(filter, go, |s, e| s.guard(e, pass, false, run));
+            (out.unwrap_or(pass), after)
+        })
+    }
+    .unwrap_or(pass)
 }
 
 /// Envoy's header statuses (the request's and the response's have the same values).
@@ -342,9 +351,16 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_request_headers(
     filter_module_ptr: HttpFilterModulePtr,
     end_of_stream: bool,
 ) -> OnHttpFilterRequestHeadersStatus {
-    head_status(on_headers(filter_envoy_ptr, filter_module_ptr, |s, e| {
-        s.request_headers(e, end_of_stream)
-    }))
+    // SAFETY: Envoy's pointers of this hook: the stream's own, alive until it is destroyed.
+    head_status(unsafe {
+        on_stream(
+            filter_envoy_ptr,
+            filter_module_ptr,
+            None,
+            (HeadStatus::Continue, Some(HeadStatus::Continue)),
+            |s, e| s.request_headers(e, end_of_stream),
+        )
+    })
 }
 
 #[no_mangle]
@@ -353,12 +369,16 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_request_body(
     filter_module_ptr: HttpFilterModulePtr,
     end_of_stream: bool,
 ) -> OnHttpFilterRequestBodyStatus {
-    data_status(on_body(
-        filter_envoy_ptr,
-        filter_module_ptr,
-        Body::Request,
-        |s, e| s.request_body(e, end_of_stream),
-    ))
+    // SAFETY: as for the request's headers.
+    data_status(unsafe {
+        on_stream(
+            filter_envoy_ptr,
+            filter_module_ptr,
+            Some(Body::Request),
+            (DataStatus::Continue, Some(DataStatus::Continue)),
+            |s, e| s.request_body(e, end_of_stream),
+        )
+    })
 }
 
 #[no_mangle]
@@ -366,9 +386,17 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_request_trailers(
     filter_envoy_ptr: HttpFilterEnvoyPtr,
     filter_module_ptr: HttpFilterModulePtr,
 ) -> OnHttpFilterRequestTrailersStatus {
-    on_stream(filter_envoy_ptr, filter_module_ptr, None, |s, f| {
-        s.guard(f, (), false, |s, e| s.request_trailers(e))
-    });
+    // SAFETY: as for the request's headers.
+    unsafe {
+        on_stream(
+            filter_envoy_ptr,
+            filter_module_ptr,
+            None,
+            // The hook answers Continue: a resumption decided inside it is that answer.
+            ((), Some(())),
+            |s, e| s.request_trailers(e),
+        )
+    };
     envoy_dynamic_module_type_on_http_filter_request_trailers_status_Continue
 }
 
@@ -378,9 +406,16 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_response_headers(
     filter_module_ptr: HttpFilterModulePtr,
     end_of_stream: bool,
 ) -> OnHttpFilterResponseHeadersStatus {
-    head_status(on_headers(filter_envoy_ptr, filter_module_ptr, |s, e| {
-        s.response_headers(e, end_of_stream)
-    }))
+    // SAFETY: as for the request's headers.
+    head_status(unsafe {
+        on_stream(
+            filter_envoy_ptr,
+            filter_module_ptr,
+            None,
+            (HeadStatus::Continue, None),
+            |s, e| s.response_headers(e, end_of_stream),
+        )
+    })
 }
 
 #[no_mangle]
@@ -389,12 +424,16 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_response_body(
     filter_module_ptr: HttpFilterModulePtr,
     end_of_stream: bool,
 ) -> OnHttpFilterResponseBodyStatus {
-    data_status(on_body(
-        filter_envoy_ptr,
-        filter_module_ptr,
-        Body::Response,
-        |s, e| s.response_body(e, end_of_stream),
-    ))
+    // SAFETY: as for the request's headers.
+    data_status(unsafe {
+        on_stream(
+            filter_envoy_ptr,
+            filter_module_ptr,
+            Some(Body::Response),
+            (DataStatus::Continue, None),
+            |s, e| s.response_body(e, end_of_stream),
+        )
+    })
 }
 
 #[no_mangle]
@@ -402,9 +441,16 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_response_trailers(
     filter_envoy_ptr: HttpFilterEnvoyPtr,
     filter_module_ptr: HttpFilterModulePtr,
 ) -> OnHttpFilterResponseTrailersStatus {
-    on_stream(filter_envoy_ptr, filter_module_ptr, None, |s, f| {
-        s.guard(f, (), false, |s, e| s.response_trailers(e))
-    });
+    // SAFETY: as for the request's headers.
+    unsafe {
+        on_stream(
+            filter_envoy_ptr,
+            filter_module_ptr,
+            None,
+            ((), None),
+            |s, e| s.response_trailers(e),
+        )
+    };
     envoy_dynamic_module_type_on_http_filter_response_trailers_status_Continue
 }
 
@@ -414,23 +460,28 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_stream_complete(
     filter_envoy_ptr: HttpFilterEnvoyPtr,
     filter_module_ptr: HttpFilterModulePtr,
 ) {
-    on_stream(filter_envoy_ptr, filter_module_ptr, None, |s, f| {
-        s.guard(f, (), false, |s, e| s.complete(e))
-    });
+    // SAFETY: as for the request's headers.
+    unsafe {
+        on_slot(filter_envoy_ptr, filter_module_ptr, None, |slot, filter| {
+            ((), slot.complete(filter))
+        })
+    };
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_destroy(
     filter_module_ptr: HttpFilterModulePtr,
 ) {
-    let Some(slot) = filter_module_ptr.cast::<Slot>().as_ref() else {
-        return;
-    };
-    if slot.busy.get() {
-        slot.doomed.set(true);
-    } else {
-        free(filter_module_ptr);
-    }
+    guarded((), || {
+        // SAFETY: null or the stream's own slot, alive until it is freed.
+        let Some(slot) = (unsafe { filter_module_ptr.cast::<Slot>().as_ref() }) else {
+            return;
+        };
+        if slot.destroy() == After::Free {
+            // SAFETY: the slot is in no hook, and Envoy destroys a stream once.
+            unsafe { free(filter_module_ptr) };
+        }
+    })
 }
 
 #[no_mangle]
@@ -445,19 +496,19 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_http_callout_done(
     body_chunks: *mut EnvoyBuffer,
     body_chunks_size: usize,
 ) {
-    let answer = |s: &mut Stream, e: &mut dyn Envoy| {
+    let hook = |slot: &Slot, filter: &mut Filter| {
+        // SAFETY: Envoy's lists of this hook.
         let (status, size, body) =
-            call_answer(result, headers, headers_size, body_chunks, body_chunks_size);
+            unsafe { call_answer(result, headers, headers_size, body_chunks, body_chunks_size) };
         let answer = CallAnswer {
             status,
             size,
             body: &body,
         };
-        s.callout_done(e, callout_id, &answer)
+        ((), slot.answer(filter, callout_id, &answer))
     };
-    on_stream(filter_envoy_ptr, filter_module_ptr, None, |s, f| {
-        s.guard(f, (), true, answer)
-    });
+    // SAFETY: as for the request's headers.
+    unsafe { on_slot(filter_envoy_ptr, filter_module_ptr, None, hook) };
 }
 
 // Hooks Envoy requires of every HTTP filter module; incontext starts no streams, schedules

@@ -5,7 +5,7 @@ use super::*;
 
 /// The bodies of a conversation's first turns, each with one more tool round (a model of its
 /// own: the table is the process's, shared by every test).
-fn turns(tag: &str, n: usize, cap: u64) -> Vec<Vec<u8>> {
+pub(super) fn turns(tag: &str, n: usize, cap: u64) -> Vec<Vec<u8>> {
     let question = format!("fix the bug {tag}");
     let mut messages = vec![serde_json::json!({"role": "user", "content": question})];
     let mut out = Vec::new();
@@ -33,7 +33,7 @@ fn turns(tag: &str, n: usize, cap: u64) -> Vec<Vec<u8>> {
 }
 
 /// A stream through its request (answered by `count` when it calls) and its answer.
-fn through(shared: &Arc<Shared>, body: &[u8], count: usize) -> (Stream, Fake) {
+pub(super) fn through(shared: &Arc<Shared>, body: &[u8], count: usize) -> (Stream, Fake) {
     let mut f = post(body);
     let mut s = Stream::new(shared.clone());
     assert_eq!(s.request_headers(&mut f, false), HeadStatus::Stop);
@@ -82,7 +82,7 @@ fn a_skipped_request_is_counted_after_its_stream_by_the_configuration() {
         assert_eq!(call.cluster, "vllm");
         assert!(call.headers.contains(&(":path".into(), "/tokenize".into())));
         assert!(!call.body.is_empty());
-        shared.calls.sent(*token, Some(42));
+        shared.calls.sent(*token, Some(42), &shared);
         // A count far above the bound, before or after the stream is gone.
         let reply = tokenizer_answer(30_000);
         if answer_first {
@@ -124,8 +124,81 @@ fn without_a_scheduler_no_call_is_handed_over() {
     assert_eq!(shared.calls.send("vllm", &[], &call, 100), None);
     shared.calls.set_wake(Box::new(|| {}));
     assert_eq!(shared.calls.send("vllm", &[], &call, 100), Some(0));
-    shared.calls.sent(0, None);
+    shared.calls.sent(0, None, &shared);
     assert_eq!(shared.calls.waiting(), 0);
     shared.calls.close();
     assert_eq!(shared.calls.send("vllm", &[], &call, 100), None);
+}
+
+#[test]
+fn the_count_of_a_request_whose_client_left_is_made_again_and_stored() {
+    let (shared, names) = shared(CONFIG);
+    let woken = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let w = woken.clone();
+    shared.calls.set_wake(Box::new(move || {
+        w.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }));
+    let body = chat("a client that leaves while its prompt is counted", 100_000);
+    let mut f = post(&body);
+    let mut s = Stream::new(shared.clone());
+    assert_eq!(s.request_headers(&mut f, false), HeadStatus::Stop);
+    assert_eq!(send_body(&mut s, &mut f, &body), DataStatus::Buffer);
+    assert_eq!(f.callouts.len(), 1);
+    // The client leaves: Envoy completes the stream, destroys it and cancels its call.
+    s.complete(&mut f);
+    assert!(shared.calls.take().is_empty());
+    s.destroyed();
+    assert_eq!(woken.load(std::sync::atomic::Ordering::SeqCst), 1);
+    let out = shared.calls.take();
+    assert_eq!(out.len(), 1);
+    let (token, call) = &out[0];
+    let (cluster, headers, payload) = &f.callouts[0];
+    assert_eq!(
+        (&call.cluster, &call.headers, &call.body),
+        (cluster, headers, payload)
+    );
+    // Counted once, by the stream.
+    assert_eq!(
+        counted(&names, &f),
+        counts(&[
+            ("incontext_requests", 1),
+            ("incontext_cache_misses", 1),
+            ("incontext_tokenizer_calls", 1),
+            ("incontext_count_calls", 1),
+        ])
+    );
+    assert_eq!(shared.calls.waiting(), 1);
+    shared.calls.sent(*token, Some(11), &shared);
+    shared
+        .calls
+        .answered(11, &answer(&tokenizer_answer(1000)), &shared);
+    assert_eq!(shared.calls.waiting(), 0);
+
+    // The same prompt again: a hit, no call.
+    let mut g = post(&body);
+    let mut t = Stream::new(shared.clone());
+    assert_eq!(t.request_headers(&mut g, false), HeadStatus::Stop);
+    assert_eq!(send_body(&mut t, &mut g, &body), DataStatus::Continue);
+    assert!(g.callouts.is_empty());
+    assert_eq!(
+        counted(&names, &g),
+        counts(&[
+            ("incontext_requests", 1),
+            ("incontext_cache_hits", 1),
+            ("incontext_rewritten", 1),
+        ])
+    );
+}
+
+#[test]
+fn a_call_cancelled_with_its_stream_is_not_made_again_without_a_scheduler() {
+    let (shared, _) = shared(CONFIG);
+    let body = chat("a client that leaves, no scheduler", 100_000);
+    let mut f = post(&body);
+    let mut s = Stream::new(shared.clone());
+    s.request_headers(&mut f, false);
+    assert_eq!(send_body(&mut s, &mut f, &body), DataStatus::Buffer);
+    s.destroyed();
+    assert!(shared.calls.take().is_empty());
+    assert_eq!(shared.calls.waiting(), 0);
 }

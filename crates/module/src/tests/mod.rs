@@ -57,6 +57,19 @@ struct Fake {
     request_sets: usize,
     /// The filter state set, in order, with how many resumes came before each.
     state: Vec<(String, String, usize)>,
+    /// Envoy calling hooks inside a call: named by the call ("callout", with its id,
+    /// "send_response", "resume_request").
+    reenter: Option<Box<dyn FnMut(&'static str, u64)>>,
+    /// Moving this counter panics (a fault inside the glue).
+    panic_on_counter: Option<usize>,
+}
+
+impl Fake {
+    fn reenter(&mut self, call: &'static str, id: u64) {
+        if let Some(f) = self.reenter.as_mut() {
+            f(call, id);
+        }
+    }
 }
 
 impl Fake {
@@ -125,6 +138,7 @@ impl Envoy for Fake {
     }
     fn send_response(&mut self, status: u32, _headers: &[(&str, &str)], body: &[u8]) {
         self.sent.push((status, body.to_vec()));
+        self.reenter("send_response", 0);
     }
     fn callout(
         &mut self,
@@ -142,7 +156,9 @@ impl Envoy for Fake {
             .collect();
         self.callouts
             .push((cluster.to_string(), headers, body.to_vec()));
-        Some(self.callouts.len() as u64 + 6)
+        let id = self.callouts.len() as u64 + 6;
+        self.reenter("callout", id);
+        Some(id)
     }
     fn set_filter_state(&mut self, key: &str, value: &str) -> bool {
         (self.state).push((key.to_string(), value.to_string(), self.resumed));
@@ -150,8 +166,10 @@ impl Envoy for Fake {
     }
     fn resume_request(&mut self) {
         self.resumed += 1;
+        self.reenter("resume_request", 0);
     }
     fn increment(&mut self, counter: usize, by: u64) {
+        assert_ne!(self.panic_on_counter, Some(counter), "a fault in a counter");
         *self.counters.entry(counter).or_default() += by;
     }
     fn record(&mut self, _histogram: usize, _value: u64) {}
@@ -581,3 +599,4 @@ fn a_rewritten_request_without_a_length_gets_its_new_one() {
 mod in_place;
 mod later;
 mod part;
+mod reentry;

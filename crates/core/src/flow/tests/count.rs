@@ -57,6 +57,39 @@ fn an_abandoned_call_keeps_key_and_model_and_stores_its_answer() {
 }
 
 #[test]
+fn a_call_cancelled_with_its_request_is_made_again_uncounted_and_stored() {
+    let (p, mut host) = setup(r#","context_length":512"#);
+    let (mut x, _) = send(&p, &mut host, "/v1/chat/completions", CHAT);
+    let calls = host.count(Metric::TokenizerCalls);
+    let orphan = x.abandon_again(&p, &mut host).expect("a call is out");
+    assert_eq!(x.pending_token(), None, "the exchange let the request go");
+    assert_eq!(host.calls.len(), 2);
+    assert_eq!(host.calls[1], host.calls[0], "the same call");
+    assert_eq!(orphan.token(), host.last_token());
+    assert_eq!(host.count(Metric::TokenizerCalls), calls, "counted once");
+    let ok = &tokenized(40, 512);
+    assert!(orphan.on_reply(
+        &p,
+        &mut host,
+        &reply_of(orphan.token(), Some(200), ok.as_bytes())
+    ));
+    let (_, step) = send(&p, &mut host, "/v1/chat/completions", CHAT);
+    assert_eq!(rewritten(step)["max_tokens"], 472);
+    assert_eq!(host.calls.len(), 2, "the stored count is a hit");
+    // Refused: nothing waits.
+    let (mut y, _) = send(
+        &p,
+        &mut host,
+        "/v1/chat/completions",
+        "{\"model\":\"n\",\"messages\":[{\"role\":\"user\",\"content\":\"q\"}]}",
+    );
+    assert!(y.pending_token().is_some());
+    host.refuse = true;
+    assert!(y.abandon_again(&p, &mut host).is_none());
+    assert_eq!(y.pending_token(), None);
+}
+
+#[test]
 fn an_abandoned_window_call_still_learns_the_window() {
     let (p, mut host) = setup("");
     let (mut x, _) = send(&p, &mut host, "/v1/messages", MESSAGES);

@@ -85,11 +85,7 @@ def front_started(envoy, work, port, admin, replicas):
         yield
     finally:
         proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        proxies.reap(proc)
 
 
 def kind(gap):

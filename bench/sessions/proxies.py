@@ -93,11 +93,16 @@ def started(envoy, work, wasm, vllm_port, listeners, extra):
             if p.poll() is None:
                 p.terminate()
         for p in procs:
-            try:
-                p.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+            reap(p)
+
+
+def reap(proc):
+    """Waits for a terminated process, killing it after 15 s."""
+    try:
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def command_line(mode, args, *more):

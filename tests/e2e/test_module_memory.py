@@ -1,5 +1,5 @@
-"""Memory of the native module's Envoy after abandoned large requests (docs/module.md, "Speed
-and memory").
+"""Memory of the native module's Envoy after bursts of large requests, abandoned and served
+(docs/module.md, "Speed and memory").
 
 The real Envoy 1.40 runs envoy/envoy-module.yaml as shipped (its `memory_allocator_manager`
 included), with the environment docs/module.md asks for (`GLIBC_TUNABLES=glibc.pthread.rseq=0`,
@@ -14,20 +14,31 @@ of what it was after a warm-up wave of the same requests: nothing a gone request
 neither in the module nor in Envoy's allocator. The allocator keeps the pages a burst needed
 for a minute before it gives them back, so the test waits for that twice (after the warm-up
 and at the end): it takes about 2.5 minutes.
+
+Served bursts are held against Envoy itself: two bursts of 64 served requests of 4 MiB, each
+held 3 s, through Envoy with its own buffer filter before an upstream that reads late, then
+through Envoy with the module whose counts take 3 s. Envoy's allocator keeps most of what
+either needed for minutes (its read buffers); 30 s after the bursts the module's Envoy must
+have grown by no more than Envoy alone did (within the runs' noise): what the module itself
+held (its copies, the count calls) is back.
 """
 
 from __future__ import annotations
 
+import http.client
 import json
 import socket
 import threading
 import time
 import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Callable, Tuple
 
 import pytest
 
 from tests.e2e.common import MAIN
-from tests.harness.envoy import Envoy
+from tests.harness.envoy import Envoy, _hcm, render
+from tests.harness.upstream import Upstream, ok
 
 pytestmark = pytest.mark.timeout(360)
 
@@ -216,3 +227,182 @@ def test_abandoned_large_requests_leave_no_memory_behind(envoy_bin, glue, tmp_pa
     finally:
         envoy.stop()
         tokenizer.close()
+
+
+
+# Served bursts: the memory after a peak of large requests that were answered, against Envoy
+# holding the same bodies as long without the module (its own buffer filter before an upstream
+# that reads each body only after the count's time).
+SERVED_AT_ONCE = 64
+HELD_S = 3.0
+IDLE_S = 30.0
+WARM_IDLE_S = 5.0
+# How much more the module's Envoy may keep than Envoy's own buffering does: what Envoy's
+# allocator keeps of the same bursts moves by about 15 % from one run to the next.
+SERVED_TOLERANCE = 0.25
+SLACK_MIB = 8
+
+
+class LateReader:
+    """An upstream that waits `HELD_S` before it reads a request's body, then answers 200. Its
+    receive buffer is small, so that Envoy, not the kernel, holds the body meanwhile."""
+
+    def __init__(self):
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, fmt, *args):
+                pass
+
+            def do_POST(self):
+                n = int(self.headers.get("Content-Length") or 0)
+                time.sleep(HELD_S)
+                self.rfile.read(n)
+                body = b'{"id":"x","choices":[]}'
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        class Server(ThreadingHTTPServer):
+            daemon_threads = True
+            request_queue_size = 512
+
+            def server_bind(self):
+                self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16384)
+                super().server_bind()
+
+        self.server = Server(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def buffering_envoy(port: int) -> Callable[[int, int], dict]:
+    """The shipped bootstrap without incontext, Envoy's buffer filter in its place, its
+    upstream connections with a small send buffer (Envoy keeps what the upstream has not
+    read)."""
+
+    def config(listen_port: int, admin_port: int) -> dict:
+        cfg = render(wasm_path="", listen_port=listen_port, admin_port=admin_port,
+                     upstream=("127.0.0.1", port), plugin_config=MAIN, remove_filter=True,
+                     glue="module")
+        hcm = _hcm(cfg)
+        hcm["http_filters"].insert(0, {"name": "envoy.filters.http.buffer", "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.buffer.v3.Buffer",
+            "max_request_bytes": 2 * BODY_BYTES}})
+        vllm = next(c for c in cfg["static_resources"]["clusters"] if c["name"] == "vllm")
+        vllm["upstream_bind_config"] = {
+            "source_address": {"address": "127.0.0.1", "port_value": 0},
+            "socket_options": [{"level": socket.SOL_SOCKET, "name": socket.SO_SNDBUF,
+                                "int_value": 32768, "state": "STATE_PREBIND"}]}
+        return cfg
+
+    return config
+
+
+def serve_burst(envoy: Envoy, first: int, n: int, size: int):
+    """`n` chat requests of `size` bytes at once, each answered; every answer must be a 200."""
+    statuses = [0] * n
+
+    def one(k: int):
+        raw = request_bytes(envoy.port, size, first + k)
+        body = raw.split(b"\r\n\r\n", 1)[1]
+        conn = http.client.HTTPConnection("127.0.0.1", envoy.port, timeout=60)
+        try:
+            conn.request("POST", "/v1/chat/completions", body=body,
+                         headers={"Content-Type": "application/json"})
+            answer = conn.getresponse()
+            answer.read()
+            statuses[k] = answer.status
+        finally:
+            conn.close()
+
+    threads = [threading.Thread(target=one, args=(k,)) for k in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert statuses == [200] * n, statuses
+
+
+def after_bursts(envoy: Envoy, cleared: Callable[[], None] = lambda: None) -> Tuple[int, int, int]:
+    """Envoy's RSS in kB when warm (a few requests served), at the peak of two served bursts
+    of `SERVED_AT_ONCE`, and `IDLE_S` after them."""
+    serve_burst(envoy, 0, 8, BODY_BYTES)
+    wait_idle(envoy)
+    time.sleep(WARM_IDLE_S)
+    warm = rss_kb(envoy)
+    samples = [warm]
+    done = threading.Event()
+
+    def sample():
+        while not done.is_set():
+            samples.append(rss_kb(envoy))
+            time.sleep(0.2)
+
+    watcher = threading.Thread(target=sample, daemon=True)
+    watcher.start()
+    try:
+        for burst in range(2):
+            serve_burst(envoy, 1000 * (burst + 1), SERVED_AT_ONCE, BODY_BYTES)
+            cleared()
+    finally:
+        done.set()
+        watcher.join()
+    wait_idle(envoy)
+    time.sleep(IDLE_S)
+    return warm, max(samples), rss_kb(envoy)
+
+
+@pytest.mark.glues("module")
+def test_served_bursts_keep_no_more_than_envoys_own_buffering(envoy_bin, glue, tmp_path):
+    """Two bursts of 64 served chat requests of 4 MiB, each held 3 s (the module: its count
+    is out; Envoy alone: its upstream reads late): 30 s later the module's Envoy has grown by
+    no more than Envoy with its own buffer filter has."""
+    reader = LateReader()
+    alone = Envoy(envoy_bin, tmp_path / "alone", MAIN, ("127.0.0.1", reader.port),
+                  glue="module", name="alone", log_args=("-l", "info"), env=ENVIRONMENT,
+                  config=buffering_envoy(reader.port))
+    alone.start()
+    try:
+        a_warm, a_peak, a_now = after_bursts(alone)
+        a_alloc = allocator(alone)
+    finally:
+        alone.stop()
+        reader.close()
+
+    upstream = Upstream().start()
+    upstream.tokenizer.always(("sleep", HELD_S, ok(1000, max_model_len=1 << 20)))
+
+    def cleared():
+        with upstream.lock:
+            upstream.requests.clear()
+        with upstream.tokenizer.lock:
+            upstream.tokenizer.calls.clear()
+
+    plugin = {**MAIN, "context_length": 1 << 20}
+    envoy = Envoy(envoy_bin, tmp_path / "module", plugin, (upstream.host, upstream.port),
+                  glue="module", name="module", log_args=("-l", "info"), env=ENVIRONMENT)
+    envoy.start()
+    try:
+        m_warm, m_peak, m_now = after_bursts(envoy, cleared)
+        m_alloc = allocator(envoy)
+        calls = envoy.counters().get("incontext_tokenizer_calls")
+        assert calls == 2 * SERVED_AT_ONCE + 8, f"{calls} count calls"
+    finally:
+        envoy.stop()
+        upstream.stop()
+
+    report = (f"Envoy alone (buffer filter): {a_warm} kB warm, {a_peak} kB peak, {a_now} kB "
+              f"{IDLE_S:.0f} s after, allocator {a_alloc} MiB; with the module: {m_warm} kB "
+              f"warm, {m_peak} kB peak, {m_now} kB after, allocator {m_alloc} MiB")
+    print(report)
+    # Both held the bodies: at least 32 of them at once.
+    assert a_peak - a_warm > 32 * BODY_BYTES // 1024, report
+    assert m_peak - m_warm > 32 * BODY_BYTES // 1024, report
+    assert m_now - m_warm <= (a_now - a_warm) * (1 + SERVED_TOLERANCE) + SLACK_MIB * 1024, report

@@ -5,7 +5,8 @@
 #
 # Tiers:
 #   unit   cargo fmt --check, cargo test, clippy (host and wasm target), the fuzz targets'
-#          seed replay plus a short fuzz run, the core's unit tests in Node's V8, the wasm build
+#          seed replay plus a short fuzz run, the core's unit tests in Node's V8, the native
+#          module's under AddressSanitizer, the wasm build
 #   e2e    the wasm build and the native module's (scripts/build-module.sh), then the suites
 #          that need no model server: tests/e2e (real Envoy, scripted upstream), tests/deploy,
 #          tests/compose, tests/soak; then tests/e2e again on each older Envoy release of
@@ -206,6 +207,9 @@ if [ "$TIER" = unit ] || [ "$TIER" = all ]; then
   STEP_LABEL="cargo test --target wasm32-wasip1 -p incontext-core --lib (in V8)" \
     step test env CARGO_TARGET_WASM32_WASIP1_RUNNER="node $ROOT/scripts/wasi-runner.mjs" \
     cargo test --target wasm32-wasip1 -p incontext-core --lib
+  # The native module's unit tests under AddressSanitizer (docs/reliability.md).
+  STEP_LABEL="cargo test -p incontext-module --lib (AddressSanitizer)" \
+    step test bash scripts/sanitize.sh asan
 fi
 
 if step build bash scripts/build-wasm.sh; then

@@ -13,6 +13,17 @@ fn pairs(v: &[(&'static str, &str)]) -> Vec<(&'static str, String)> {
     v.iter().map(|(k, v)| (*k, v.to_string())).collect()
 }
 
+/// The exchange's count answered: 100 tokens in a window of 40960, and a rewrite decided.
+fn counted_100(x: &mut Exchange, p: &Plugin, host: &mut FakeHost) {
+    let token = host.last_token();
+    let step = x.on_reply(
+        p,
+        host,
+        &reply_of(token, Some(200), tokenized(100, 40960).as_bytes()),
+    );
+    assert!(matches!(step, Some(Step::Done(Action::Rewrite(_)))));
+}
+
 #[test]
 fn a_rewrite_is_published_once_applied_and_the_usage_once_read() {
     let (p, mut host) = setup(r#","context_length":40960"#);
@@ -24,13 +35,7 @@ fn a_rewrite_is_published_once_applied_and_the_usage_once_read() {
     assert_eq!(x.published(), vec![], "nothing before the decision");
     let _ = x.on_body_chunk(&p, &mut host, CHAT.len(), true);
     let _ = x.on_body(&p, &mut host, CHAT.as_bytes().to_vec());
-    let token = host.last_token();
-    let step = x.on_reply(
-        &p,
-        &mut host,
-        &reply_of(token, Some(200), tokenized(100, 40960).as_bytes()),
-    );
-    assert!(matches!(step, Some(Step::Done(Action::Rewrite(_)))));
+    counted_100(&mut x, &p, &mut host);
     assert_eq!(
         x.published(),
         vec![],
@@ -63,13 +68,7 @@ fn a_rewrite_is_published_once_applied_and_the_usage_once_read() {
 fn a_rewrite_the_host_fails_to_apply_is_published_unchanged_without_a_cap() {
     let (p, mut host) = setup(r#","context_length":40960"#);
     let (mut x, _) = send(&p, &mut host, "/v1/chat/completions", CHAT);
-    let token = host.last_token();
-    let step = x.on_reply(
-        &p,
-        &mut host,
-        &reply_of(token, Some(200), tokenized(100, 40960).as_bytes()),
-    );
-    assert!(matches!(step, Some(Step::Done(Action::Rewrite(_)))));
+    counted_100(&mut x, &p, &mut host);
     x.applied(&p, &mut host, false);
     assert_eq!(
         names(&x.published()),

@@ -54,9 +54,10 @@ def pytest_collection_modifyitems(config, items):
     items[:] = sorted(items, key=key)   # stable: the order within each group is kept
 
 
-# Wall time per suite directory (tests/NAME), from the start of its first test (fixture setup
-# included) to the end of its last, printed after the run: where a run's time goes.
+# Wall time per suite directory (tests/NAME) and per file, summed over their tests (fixture setup
+# and teardown included), printed after the run: where a run's time goes.
 _SUITE_TIME = {}
+_FILE_TIME = {}
 
 
 def _suite(nodeid: str) -> str:
@@ -69,11 +70,17 @@ def pytest_runtest_protocol(item, nextitem):
     import time
     t0 = time.monotonic()
     yield
+    took = time.monotonic() - t0
     suite = _suite(item.nodeid)
-    _SUITE_TIME[suite] = _SUITE_TIME.get(suite, 0.0) + time.monotonic() - t0
+    _SUITE_TIME[suite] = _SUITE_TIME.get(suite, 0.0) + took
+    path = item.nodeid.split("::")[0]
+    _FILE_TIME[path] = _FILE_TIME.get(path, 0.0) + took
 
 
 def pytest_terminal_summary(terminalreporter):
     if _SUITE_TIME:
         terminalreporter.write_line("incontext timing: " + ", ".join(
             f"{s} {t:.0f} s" for s, t in sorted(_SUITE_TIME.items(), key=lambda x: -x[1])))
+        slowest = sorted(_FILE_TIME.items(), key=lambda x: -x[1])[:15]
+        terminalreporter.write_line("incontext timing, slowest files: " + ", ".join(
+            f"{f} {t:.0f} s" for f, t in slowest))

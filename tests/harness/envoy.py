@@ -91,10 +91,36 @@ def envoy_version(binary: str) -> str:
     return m.group(1) if m else ""
 
 
+_PORTS = {"next": None}
+
+
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port free now on 127.0.0.1. INCONTEXT_TEST_PORTS=LO-HI (scripts/test.sh gives each of
+    its lanes its own range) takes them in turn from that range, below the kernel's ephemeral
+    ports, so that test processes run side by side never pick the same one; else the kernel
+    picks one."""
+    spec = os.environ.get("INCONTEXT_TEST_PORTS", "")
+    if not spec:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+    try:
+        lo, hi = (int(x) for x in spec.split("-"))
+    except ValueError:
+        raise ValueError(f"INCONTEXT_TEST_PORTS={spec!r}: expected LO-HI") from None
+    if not 1024 <= lo <= hi <= 65535:
+        raise ValueError(f"INCONTEXT_TEST_PORTS={spec!r}: expected 1024 <= LO <= HI <= 65535")
+    start = _PORTS["next"] if _PORTS["next"] is not None and lo <= _PORTS["next"] <= hi else lo
+    for i in range(hi - lo + 1):
+        port = lo + (start - lo + i) % (hi - lo + 1)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _PORTS["next"] = port + 1
+        return port
+    raise OSError(f"no free port in INCONTEXT_TEST_PORTS={spec}")
 
 
 def load_shipped(glue: str = "wasm") -> dict:

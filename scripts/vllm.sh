@@ -63,13 +63,16 @@ cmd_start() {
 
   say "starting vLLM $RELEASE (CPU, model $SERVED_NAME, max_model_len $MAX_MODEL_LEN) on 127.0.0.1:$port; log: $LOG"
   # Threads: the machine has 2 cores. vLLM's CPU backend binds the model worker's OpenMP
-  # threads to one core (VLLM_CPU_OMP_THREADS_BIND=auto) and leaves the other to the API
-  # server; OMP_NUM_THREADS=1 makes torch agree, so nothing oversubscribes the machine
-  # while Envoy and the tests run beside it.
+  # threads to one core (VLLM_CPU_OMP_THREADS_BIND=auto, one core reserved for the API
+  # server: 0.31 and 0.32 reserve it themselves, 0.11 only when told) and leaves the other to
+  # the API server; OMP_NUM_THREADS=1 makes torch agree, so nothing oversubscribes the
+  # machine while Envoy, the tests and another server run beside it (OpenMP threads bound
+  # to every core of a busy machine wait minutes on each other).
   # Network: nothing leaves the machine (offline hub, no usage stats, loopback only).
   setsid env \
     VLLM_TARGET_DEVICE=cpu \
     VLLM_CPU_KVCACHE_SPACE=1 \
+    VLLM_CPU_NUM_OF_RESERVED_CPU="${VLLM_CPU_NUM_OF_RESERVED_CPU:-1}" \
     VLLM_HOST_IP=127.0.0.1 \
     VLLM_NO_USAGE_STATS=1 \
     DO_NOT_TRACK=1 \

@@ -96,6 +96,17 @@ def together(base: str, paths) -> dict:
     return out
 
 
+def overlapping(base: str, paths, path: str, ended_on_its_cap) -> dict:
+    """``together``, again while the stream of ``path`` ran to its cap: the two did not share
+    the cache at once (on a busy machine one can end before the other starts). Tried up to
+    five times; the last try is returned either way."""
+    for _ in range(5):
+        got = together(base, paths)
+        if not ended_on_its_cap(events(got[path][2])):
+            break
+    return got
+
+
 def events(data: bytes):
     """The stream's events: (event name or None, data text)."""
     found = []
@@ -122,7 +133,9 @@ def test_the_server_says_it_straight(shared):
 
 
 def test_started_streams_end_as_the_window_ended_them(through):
-    got = together(through, ["/v1/chat/completions", "/v1/messages"])
+    got = overlapping(through, ["/v1/chat/completions", "/v1/messages"], "/v1/messages",
+                      lambda ev: any(name == "message_delta" and '"max_tokens"' in d
+                                     for name, d in ev))
     status, headers, data = got["/v1/chat/completions"]
     chat = events(data)
     assert status == 200 and len(chat) > 3, data[-300:]
@@ -136,8 +149,12 @@ def test_started_streams_end_as_the_window_ended_them(through):
     anth = events(data)
     assert status == 200, data[-300:]
     deltas = sum(1 for name, _ in anth if name == "content_block_delta")
-    assert [name for name, _ in anth[-3:]] == ["content_block_stop", "message_delta",
-                                              "message_stop"], anth[-4:]
+    # The block under way is closed first; a window that ended the answer before its first
+    # block (a busy machine can start it later than the other) leaves none to close.
+    ending = ["message_delta", "message_stop"]
+    if any(name == "content_block_start" for name, _ in anth):
+        ending = ["content_block_stop"] + ending
+    assert [name for name, _ in anth[-len(ending):]] == ending, anth[-4:]
     assert json.loads(anth[-2][1]) == {
         "type": "message_delta",
         "delta": {"stop_reason": "model_context_window_exceeded", "stop_sequence": None},
@@ -148,7 +165,8 @@ def test_started_streams_end_as_the_window_ended_them(through):
 
 
 def test_a_started_responses_stream_fails_with_context_length_exceeded(through):
-    got = together(through, ["/v1/responses", "/v1/chat/completions"])
+    got = overlapping(through, ["/v1/responses", "/v1/chat/completions"], "/v1/responses",
+                      lambda ev: bool(ev) and ev[-1][0] == "response.completed")
     status, _, data = got["/v1/responses"]
     resp = events(data)
     assert status == 200, data[-300:]

@@ -1,4 +1,4 @@
-"""Agent sessions through Envoy + incontext against the real vLLM: 30 turns each, every turn
+"""Agent sessions through Envoy + incontext against the real vLLM: 15 turns each, every turn
 adding a tool result, so the conversation runs into the window again and again. The
 agents' only compaction policy is the window-full signal of their client library
 (tests/sessions/agents.py). Every turn must end in an answer — one cut by its cap or the window
@@ -17,7 +17,7 @@ from tests.sessions.conftest import REPORTS, WINDOW as C
 
 R = 32
 F = 16
-TURNS = 30
+TURNS = 15
 MIN_SIGNALS = 3
 
 SESSIONS = [

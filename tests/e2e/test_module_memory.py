@@ -50,8 +50,11 @@ TOLERANCE = 0.10
 # its one-minute subrelease interval, then releases it within seconds — later when the
 # machine is busy (its release runs on Envoy's own background thread). A deadline, not a wait.
 SETTLE_S = 180.0
-# What the allocator may keep free once it has given memory back.
+# What the allocator may keep free once it has given memory back: it gives back down to about
+# FREE_MIB, on some runs keeps more (up to HELD_MIB; a burst is 256 MiB). The free pages it
+# keeps are left out of the RSS compared.
 FREE_MIB = 16
+HELD_MIB = 64
 # Envoy's environment as docs/module.md gives it.
 ENVIRONMENT = {"GLIBC_TUNABLES": "glibc.pthread.rseq=0"}
 
@@ -133,16 +136,18 @@ def allocator(envoy: Envoy) -> dict:
 
 def settle(envoy: Envoy, what: str) -> int:
     """Waits until the allocator has given back what it holds free (it keeps the pages a burst
-    needed for its one-minute subrelease interval), then Envoy's RSS in kB."""
+    needed for its one-minute subrelease interval), then Envoy's RSS in kB less the free pages
+    the allocator still keeps."""
     deadline = time.monotonic() + SETTLE_S
     while (allocator(envoy)["pageheap_free"] > FREE_MIB
            and time.monotonic() < deadline):
         time.sleep(1)
     held = allocator(envoy)
-    assert held["pageheap_free"] <= FREE_MIB, (
+    assert held["pageheap_free"] <= HELD_MIB, (
         f"{SETTLE_S:.0f} s after {what}, Envoy's allocator still holds freed memory: {held} MiB")
     time.sleep(1)
-    return rss_kb(envoy)
+    mem = envoy.memory()
+    return (mem["rss"] - mem.get("pageheap_free", 0)) // 1024
 
 
 def request_bytes(port: int, size: int, i: int) -> bytes:
@@ -221,10 +226,12 @@ def test_abandoned_large_requests_leave_no_memory_behind(envoy_bin, glue, tmp_pa
         # The waves held at least 32 bodies of 4 MiB at once: memory must have grown.
         assert peak - start > 32 * BODY_BYTES // 1024, f"RSS {start} -> peak {peak} kB"
         now = settle(envoy, f"{REQUESTS} abandoned requests")
-        print(f"RSS {start} kB after warm-up, {peak} kB at the peak, {now} kB at the end")
+        print(f"RSS (less the allocator's free pages) {start} kB after warm-up, {peak} kB at "
+              f"the peak, {now} kB at the end")
         assert now <= start * (1 + TOLERANCE), (
-            f"Envoy's RSS {start} kB after warm-up, {peak} kB at the peak, {now} kB after "
-            f"{REQUESTS} abandoned requests; allocator: {allocator(envoy)} MiB")
+            f"Envoy's RSS less the allocator's free pages {start} kB after warm-up, {peak} kB "
+            f"(RSS) at the peak, {now} kB after {REQUESTS} abandoned requests; allocator: "
+            f"{allocator(envoy)} MiB")
     finally:
         envoy.stop()
         tokenizer.close()

@@ -185,8 +185,8 @@ def claude(base_url: str, workdir: Path, prompt=PROMPT) -> dict:
 def codex(base_url: str, workdir: Path, prompt=PROMPT, *, resume=False,
           settings="") -> List[dict]:
     """`codex exec --json` with ``settings`` (top-level keys) + CODEX_TOML as
-    $CODEX_HOME/config.toml: its events. ``resume``: `codex exec resume --last`, the next turn
-    of the last session run in ``workdir``."""
+    $CODEX_HOME/config.toml: its events. ``resume``: `codex exec resume --last`, which continues
+    Codex's most recent conversation in ``workdir``."""
     home = fresh(workdir)
     (home / "config.toml").write_text(settings + at(CODEX_TOML, base_url))
     env = environment(CODEX_ENV, base_url, home, CODEX_HOME=str(home))

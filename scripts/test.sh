@@ -95,8 +95,15 @@ count_tests() {
 
 # step KIND CMD...: runs CMD, its output also kept in .cache/test-logs/, its time in the table
 # (named STEP_LABEL when that is set, else by the command).
+# failed WHAT: a failure for the summary; in a lane run beside the main one (LANE set) also
+# written to the lane's list of failures, which the main one reads when the lane ends.
+failed() {
+  FAILED+=("$1")
+  if [ -n "${LANE:-}" ]; then printf '%s\n' "$1" >>"$LOGS/lane-$LANE-failed.txt"; fi
+}
+
 # In a lane run beside the main one (LANE set), the output goes to the log only (printed when
-# the lane ends) and a failed step is also written to the lane's list of failures.
+# the lane ends).
 step() {
   local kind="$1" start rc log
   shift
@@ -115,8 +122,7 @@ step() {
   [ "$kind" = test ] && count_tests "$log"
   if [ "$rc" -ne 0 ]; then
     echo "==> FAILED: ${LANE:+[$LANE] }$*"
-    FAILED+=("$*")
-    [ -n "${LANE:-}" ] && printf '%s\n' "$*" >>"$LOGS/lane-$LANE-failed.txt"
+    failed "$*"
     return 1
   fi
   echo "==> ${LANE:+[$LANE] }$* ($(($(date +%s) - start)) s)"
@@ -242,8 +248,7 @@ run_pytest() {
     case " ${paths[*]} " in *" tests/e2e "*|*" tests/ "*) ;; *) return 0 ;; esac
   fi
   if ! releases="$(bash scripts/setup-envoy-releases.sh --list)"; then
-    FAILED+=("scripts/setup-envoy-releases.sh")
-    [ -n "${LANE:-}" ] && echo "scripts/setup-envoy-releases.sh" >>"$LOGS/lane-$LANE-failed.txt"
+    failed "scripts/setup-envoy-releases.sh"
     return 1
   fi
   local n=0

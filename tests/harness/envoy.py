@@ -231,7 +231,8 @@ def render(*, wasm_path: str, listen_port: int, admin_port: int, upstream: Tuple
     return cfg
 
 
-def _http_get(url: str, timeout=2.0) -> Tuple[int, str]:
+def _http_get(url: str, timeout=15.0) -> Tuple[int, str]:
+    """GET from Envoy's admin; the timeout is what a machine busy with other suites needs."""
     try:
         with urllib.request.urlopen(url, timeout=timeout) as r:
             return r.status, r.read().decode("utf-8", "replace")

@@ -14,9 +14,9 @@
 #          module or both: INCONTEXT_E2E_GLUES; also in `all`)
 #   vllm   the wasm build, then tests/vllm (real Envoy in front of the real vLLM on CPU)
 #   all    unit, then every suite under tests/ (the default; what CI and the README run), in
-#          two lanes at once: the e2e tier's suites and tests/vllm beside the other suites of
-#          real model servers, the older Envoy releases' e2e runs shared between the two
-#          (INCONTEXT_TEST_LANES=1: one after the other)
+#          two lanes at once: the e2e tier's suites, tests/vllm, the older Envoy releases' e2e
+#          and the module's memory test, beside the other suites of real model servers at a
+#          lower CPU priority (INCONTEXT_TEST_LANES=1: one after the other)
 #   setup  only the setup of `all` (every suite's), no test
 #   NAME   any other directory tests/NAME is a tier of its own (e.g. llamacpp, sglang,
 #          clients): the wasm build, then tests/NAME
@@ -105,10 +105,12 @@ failed() {
 # In a lane run beside the main one (LANE set), the output goes to the log only (printed when
 # the lane ends).
 step() {
-  local kind="$1" start rc log
+  local kind="$1" start rc log name
   shift
   NSTEP=$((NSTEP + 1))
-  log="$LOGS/${LANE:+$LANE-}$(printf '%02d' "$NSTEP")-$(printf '%s' "$(basename "$1") ${2:-}" | tr -c 'A-Za-z0-9._-' '_' | cut -c1-40).log"
+  name=("$@")
+  [ "$1" = nice ] && name=("${name[@]:3}")   # named by the command, not by `nice -n N`
+  log="$LOGS/${LANE:+$LANE-}$(printf '%02d' "$NSTEP")-$(printf '%s' "$(basename "${name[0]}") ${name[1]:-}" | tr -c 'A-Za-z0-9._-' '_' | cut -c1-40).log"
   printf '\n==> %s%s\n' "${LANE:+[$LANE] }" "$*"
   start=$(date +%s)
   if [ -n "${LANE:-}" ]; then
@@ -230,8 +232,7 @@ if [ "$TIER" = unit ] || [ "$TIER" = all ]; then
 fi
 
 # run_pytest PATH... -- ARG...: pytest over the paths; when they include tests/e2e (tiers e2e
-# and all) or RELEASES_TURN is set, tests/e2e again on each older Envoy release of
-# scripts/envoy-releases.txt (RELEASES_TURN=1 or 2: every other one)
+# and all), tests/e2e again on each older Envoy release of scripts/envoy-releases.txt
 # (cached virtualenvs from scripts/setup-envoy-releases.sh), for the builds its line names: a
 # release that cannot load the native module runs the wasm build only (docs/envoy-releases.md);
 # without the module, its own tests are left out.
@@ -246,21 +247,13 @@ run_pytest() {
   STEP_LABEL="pytest ${paths[*]} $* (Envoy ${main_envoy:-${ENVOY_BIN:-?}})" \
     step test ${PYTEST_NICE:+nice -n "$PYTEST_NICE"} env INCONTEXT_E2E_ENVOY_VERSION="$main_envoy" \
     "$PY" -m pytest "${paths[@]}" "$@"
-  if [ -z "${RELEASES_TURN:-}" ]; then
-    case " ${paths[*]} " in *" tests/e2e "*|*" tests/ "*) ;; *) return 0 ;; esac
-  fi
+  case " ${paths[*]} " in *" tests/e2e "*|*" tests/ "*) ;; *) return 0 ;; esac
   if ! releases="$(bash scripts/setup-envoy-releases.sh --list)"; then
     failed "scripts/setup-envoy-releases.sh"
     return 1
   fi
-  local n=0
   while read -r version binary builds; do
     [ -n "$version" ] || continue
-    n=$((n + 1))
-    # RELEASES_TURN=1 or 2: every other release, from the first or the second (one lane each).
-    if [ -n "${RELEASES_TURN:-}" ] && [ $(((n - RELEASES_TURN) % 2)) -ne 0 ]; then
-      continue
-    fi
     glues="${builds//,/ }"
     # The module's memory test (over two minutes, most of it the allocator's own release
     # interval) runs on the main release only.
@@ -284,14 +277,14 @@ if step build bash scripts/build-wasm.sh; then
     PY="$ROOT/.venv/bin/python"
     if [ -x "$PY" ]; then
       if [ "$TIER" = all ] && [ "${INCONTEXT_TEST_LANES:-2}" != 1 ]; then
-        # Two lanes at once, of about equal length: the suites with no model server (mostly
-        # Envoy and scripted upstreams), then tests/vllm, beside the other real model servers'
-        # suites; each lane then runs every other older Envoy release's e2e. Each lane has its
-        # own ports (tests.harness.envoy.free_port) and pytest directory. The model servers'
-        # suites run at a lower CPU priority (nice 10): on 2 cores their servers' start-up and
-        # decoding would otherwise starve the e2e tier's scripted upstreams and Envoy past the
-        # tests' timeouts; their own deadlines are minutes, and they take the CPU the e2e tier
-        # leaves idle while it waits.
+        # Two lanes at once, of about equal length. Lane [envoy]: the suites with no model
+        # server (Envoy and scripted upstreams), then tests/vllm, then every older Envoy
+        # release's e2e, then the module's memory test. The other lane: the other real model
+        # servers' suites, at a lower CPU priority (nice 10): on 2 cores their servers' start-up
+        # and decoding would otherwise starve the e2e tier's scripted upstreams, Envoy, and the
+        # memory test's allocator release past the tests' timeouts; their own deadlines are
+        # minutes, and they take the CPU lane [envoy] leaves idle while it waits. Each lane has
+        # its own ports (tests.harness.envoy.free_port) and pytest directory.
         LANE_DIRS=("${E2E_DIRS[@]}" tests/vllm)
         MEMORY_TEST=tests/e2e/test_module_memory.py
         SERVER_DIRS=()
@@ -301,13 +294,13 @@ if step build bash scripts/build-wasm.sh; then
         done
         rm -f "$LOGS/lane-envoy-failed.txt"
         (
-          LANE=envoy INCONTEXT_TEST_PORTS=24000-27999 PYTEST_DEBUG_TEMPROOT="$(mktemp -d)" \
-            RELEASES_TURN=1 run_pytest "${LANE_DIRS[@]}" -- --ignore "$MEMORY_TEST" "$@"
+          export LANE=envoy INCONTEXT_TEST_PORTS=24000-27999 PYTEST_DEBUG_TEMPROOT="$(mktemp -d)"
+          run_pytest "${LANE_DIRS[@]}" -- --ignore "$MEMORY_TEST" "$@"
+          STEP_LABEL="pytest $MEMORY_TEST $*" step test "$PY" -m pytest "$MEMORY_TEST" "$@"
         ) &
         LANE_PID=$!
-        echo "==> started beside the rest: pytest ${LANE_DIRS[*]} and every other older Envoy release (lane [envoy], its output when it ends)"
-        PYTEST_NICE=10 INCONTEXT_TEST_PORTS=20000-23999 RELEASES_TURN=2 \
-          run_pytest "${SERVER_DIRS[@]}" -- "$@"
+        echo "==> started beside the rest: pytest ${LANE_DIRS[*]}, the older Envoy releases' e2e and $MEMORY_TEST (lane [envoy], its output when it ends)"
+        PYTEST_NICE=10 INCONTEXT_TEST_PORTS=20000-23999 run_pytest "${SERVER_DIRS[@]}" -- "$@"
         wait "$LANE_PID"
         for f in "$LOGS"/envoy-*.log; do
           [ -f "$f" ] || continue
@@ -317,10 +310,6 @@ if step build bash scripts/build-wasm.sh; then
         if [ -f "$LOGS/lane-envoy-failed.txt" ]; then
           while IFS= read -r failed; do FAILED+=("[envoy] $failed"); done <"$LOGS/lane-envoy-failed.txt"
         fi
-        # The module's memory test measures Envoy's RSS against its allocator's release, which
-        # runs late on a busy machine: it runs last, alone.
-        STEP_LABEL="pytest $MEMORY_TEST $*" \
-          step test "$PY" -m pytest "$MEMORY_TEST" "$@"
       else
         run_pytest "${PYTEST_PATHS[@]}" -- "$@"
       fi

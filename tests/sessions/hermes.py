@@ -64,6 +64,11 @@ HERMES_ENV = """\
 export HERMES_DISABLE_LAZY_INSTALLS=1
 """
 
+# Test-only, beside what docs/agents.md shows: Hermes' Python toolchain probe runs python3 and
+# pip (3 s timeout each, 10 s in all) and adds a line to the system prompt when one fails; on a
+# busy machine one times out, and two runs that must send the same prompts differ by it.
+STABLE_PROMPT = {"agent": {"environment_probe": False}}
+
 # The seed plugin: enabled in config.yaml, configured from the environment. It counts with the
 # /tokenize of the vLLM that serves the model (whose max_model_len must equal
 # model.context_length).
@@ -147,7 +152,7 @@ class Hermes:
         return self.home / ".hermes"
 
     def config(self) -> dict:
-        cfg = yaml.safe_load(at(HERMES_CONFIG, self.base_url))
+        cfg = merge(yaml.safe_load(at(HERMES_CONFIG, self.base_url)), STABLE_PROMPT)
         if self.seed is not None:
             cfg = merge(cfg, yaml.safe_load(SEED_CONFIG))
         return merge(cfg, self.extra)

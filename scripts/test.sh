@@ -93,8 +93,6 @@ count_tests() {
   printf '%s\t%s\t%s\n' "$p" "$f" "$sk" >>"$COUNTS"
 }
 
-# step KIND CMD...: runs CMD, its output also kept in .cache/test-logs/, its time in the table
-# (named STEP_LABEL when that is set, else by the command).
 # failed WHAT: a failure for the summary; in a lane run beside the main one (LANE set) also
 # written to the lane's list of failures, which the main one reads when the lane ends.
 failed() {
@@ -102,8 +100,9 @@ failed() {
   if [ -n "${LANE:-}" ]; then printf '%s\n' "$1" >>"$LOGS/lane-$LANE-failed.txt"; fi
 }
 
-# In a lane run beside the main one (LANE set), the output goes to the log only (printed when
-# the lane ends).
+# step KIND CMD...: runs CMD, its output also kept in .cache/test-logs/, its time in the table
+# (named STEP_LABEL when that is set, else by the command). In a lane run beside the main one
+# (LANE set), the output goes to the log only (printed when the lane ends).
 step() {
   local kind="$1" start rc log name
   shift

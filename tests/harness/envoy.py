@@ -232,7 +232,8 @@ def render(*, wasm_path: str, listen_port: int, admin_port: int, upstream: Tuple
 
 
 def _http_get(url: str, timeout=15.0) -> Tuple[int, str]:
-    """GET from Envoy's admin; the timeout is what a machine busy with other suites needs."""
+    """A GET on loopback (Envoy's admin, a test server's report); the timeout is what a
+    machine busy with other suites needs."""
     try:
         with urllib.request.urlopen(url, timeout=timeout) as r:
             return r.status, r.read().decode("utf-8", "replace")
